@@ -1,0 +1,38 @@
+# `make demo` runs the gateway on its embedded default; `make test` runs the whole suite.
+# Both create .venv when it is missing and install into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test lint bench-hot-path clean
+
+$(VENV)/.runtime: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.test: $(VENV)/.runtime
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+demo: $(VENV)/.runtime
+	$(VENV)/bin/spillgate serve
+
+test: $(VENV)/.test redis-server
+	$(PY) -m ruff check gateway policies backends cache tests
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.test
+	$(PY) -m ruff check gateway policies backends cache tests
+	$(PY) -m ruff format --check gateway policies backends cache tests
+
+# Tests start their own redis-server when REDIS_URL is not set, so the binary must exist.
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else echo "redis-server is missing: install it (sudo apt-get install redis-server)" >&2; exit 1; fi; }
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

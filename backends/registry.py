@@ -1,0 +1,143 @@
+"""Live state of every backend, and the poller that keeps it fresh.
+
+Replicas are probed on ``/health`` and scraped on ``/metrics`` and ``/get_server_info`` off the request
+path; the gateway adds its own in-flight counts as requests come and go. Policies never see this mutable
+state: they get an immutable :class:`~policies.types.Snapshot`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import httpx
+
+from backends.sglang_metrics import ReplicaLoad, parse_replica_load
+from policies.types import BackendKind, BackendState, Snapshot
+
+log = logging.getLogger("spillgate.backends")
+
+
+@dataclass(slots=True)
+class Backend:
+    """One backend as the gateway knows it right now."""
+
+    name: str
+    kind: BackendKind
+    base_url: str
+    served_model: str
+    api_key: str | None = None
+    healthy: bool = True
+    consecutive_failures: int = 0
+    unhealthy_until: float = 0.0
+    in_flight: int = 0
+    load: ReplicaLoad = field(default_factory=ReplicaLoad)
+    max_total_tokens: int = 0
+    last_error: str = ""
+
+    def state(self, now: float) -> BackendState:
+        return BackendState(
+            name=self.name,
+            kind=self.kind,
+            healthy=self.healthy and now >= self.unhealthy_until,
+            in_flight=self.in_flight,
+            running=self.load.running,
+            queued=self.load.queued,
+            token_usage=self.load.token_usage,
+            cache_hit_rate=self.load.cache_hit_rate,
+            max_total_tokens=self.max_total_tokens,
+        )
+
+
+class BackendRegistry:
+    """Every backend by name, plus the background task that probes the replicas."""
+
+    def __init__(
+        self,
+        backends: Iterable[Backend],
+        *,
+        interval_s: float,
+        timeout_s: float,
+        unhealthy_after: int,
+    ) -> None:
+        self._backends = {b.name: b for b in backends}
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._unhealthy_after = unhealthy_after
+        self._task: asyncio.Task[None] | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    def __getitem__(self, name: str) -> Backend:
+        return self._backends[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._backends.values())
+
+    def snapshot(self, names: Iterable[str]) -> Snapshot:
+        now = time.monotonic()
+        return Snapshot(tuple(self._backends[n].state(now) for n in names))
+
+    def any_healthy(self) -> bool:
+        now = time.monotonic()
+        return any(b.state(now).healthy for b in self._backends.values())
+
+    def report_failure(self, backend: Backend, reason: str) -> None:
+        """A request could not reach ``backend``: take it out of rotation until a probe says otherwise."""
+        backend.last_error = reason
+        backend.unhealthy_until = time.monotonic() + self._interval_s * self._unhealthy_after
+        if backend.kind == "replica":
+            backend.healthy = False
+
+    async def start(self) -> None:
+        """Probe once before serving, so ``/ready`` and the first decisions see real state."""
+        self._http = httpx.AsyncClient(timeout=self._timeout_s)
+        await self.poll_once()
+        self._task = asyncio.create_task(self._poll_forever(), name="spillgate-backend-poller")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def poll_once(self) -> None:
+        replicas = [b for b in self._backends.values() if b.kind == "replica"]
+        await asyncio.gather(*(self._probe(b) for b in replicas))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.poll_once()
+
+    async def _probe(self, backend: Backend) -> None:
+        assert self._http is not None
+        try:
+            health = await self._http.get(backend.base_url + "/health")
+            health.raise_for_status()
+            metrics = await self._http.get(backend.base_url + "/metrics")
+            if metrics.status_code == 200:
+                backend.load = parse_replica_load(metrics.text)
+            if backend.max_total_tokens == 0:
+                info = await self._http.get(backend.base_url + "/get_server_info")
+                if info.status_code == 200:
+                    backend.max_total_tokens = int(info.json().get("max_total_num_tokens") or 0)
+        except (httpx.HTTPError, ValueError) as exc:
+            backend.consecutive_failures += 1
+            backend.last_error = f"probe failed: {type(exc).__name__}"
+            if backend.consecutive_failures >= self._unhealthy_after and backend.healthy:
+                log.warning("replica %s is unhealthy: %s", backend.name, backend.last_error)
+                backend.healthy = False
+            return
+        if not backend.healthy:
+            log.info("replica %s is healthy again", backend.name)
+            # A restarted replica comes back with an empty cache and possibly a new capacity.
+            backend.max_total_tokens = 0
+        backend.consecutive_failures = 0
+        backend.healthy = True
+        backend.unhealthy_until = 0.0

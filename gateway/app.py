@@ -1,0 +1,119 @@
+"""The ASGI application: a thin dispatcher that sends the two generation endpoints straight to their
+hot-path handlers and everything else (health, models, metrics, later admin and dashboard) to FastAPI."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.errors import ApiError, error_body
+from gateway.proxy import CompletionsHandler, Receive, Scope, Send
+from gateway.state import GatewayState
+
+log = logging.getLogger("spillgate.gateway")
+
+
+class GatewayApp:
+    """ASGI entry point. The dispatch is one dict lookup, so the hot path pays nothing for the rest."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self._hot = {
+            "/v1/chat/completions": CompletionsHandler(state, "/v1/chat/completions"),
+            "/v1/completions": CompletionsHandler(state, "/v1/completions"),
+        }
+        self._control = build_control_app(state)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self._hot.get(scope["path"]) if scope["type"] == "http" else None
+        if handler is None:
+            await self._control(scope, receive, send)
+            return
+        try:
+            await handler(scope, receive, send)
+        except Exception:
+            log.exception("unhandled error on %s", scope["path"])
+            await _send_internal_error(send)
+
+
+async def _send_internal_error(send: Send) -> None:
+    body = error_body(500, "The gateway hit an internal error; it has been logged.", code="internal_error")
+    try:
+        await send({"type": "http.response.start", "status": 500, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+    except RuntimeError:
+        pass  # the response had already started; the client sees a cut-off stream
+
+
+def build_control_app(state: GatewayState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="spillgate", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    started = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> Response:
+        return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        message = "Not found." if exc.status_code == 404 else str(exc.detail)
+        return Response(error_body(exc.status_code, message), status_code=exc.status_code, media_type="application/json")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"][1:]) or None
+        return Response(error_body(422, first["msg"], param=param), status_code=422, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> dict[str, object]:
+        """Liveness: the process answers. Backend states are included for operators."""
+        now = time.monotonic()
+        backends = {
+            b.name: {"healthy": b.state(now).healthy, "in_flight": b.in_flight, "last_error": b.last_error or None}
+            for b in state.registry
+        }
+        return {"status": "ok", "backends": backends}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 200 only while at least one backend is healthy."""
+        if state.registry.any_healthy():
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "no healthy backend"}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, object]:
+        tenant = state.tenants.authenticate(request.headers.get("authorization"))
+        seen: set[str] = set()
+        data = []
+        for name, route in state.routes.items():
+            if route.name in seen or not tenant.may_use(route.name):
+                continue
+            seen.add(route.name)
+            data.append({"id": name, "object": "model", "created": started, "owned_by": "spillgate"})
+        return {"object": "list", "data": data}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for backend in state.registry:
+            state.metrics.backend_healthy.labels(backend.name).set(1.0 if backend.healthy else 0.0)
+            state.metrics.in_flight.labels(backend.name).set(backend.in_flight)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,34 @@
+"""The ``spillgate`` command: ``serve``, ``sim-replica``, ``sim-hosted``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spillgate", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    from backends.sim import cli as sim_cli
+    from gateway import serve
+
+    serve.add_arguments(commands.add_parser("serve", help="run the gateway (default: the embedded demo)"))
+
+    sim_cli.add_replica_arguments(
+        commands.add_parser("sim-replica", help="run a simulated SGLang replica (no GPU needed)")
+    )
+    sim_cli.add_hosted_arguments(
+        commands.add_parser("sim-hosted", help="run a simulated hosted OpenAI-compatible model")
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The gateway's configuration: a YAML file validated by pydantic, failing fast with the field's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
+
+PolicyName = Literal["round_robin", "least_load"]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+
+
+class Strict(BaseModel):
+    """Unknown fields are mistakes in a config file: refuse them instead of ignoring them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class LimitsConfig(Strict):
+    """Bounds on what a client may send, checked before any backend is touched."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_messages: int = Field(default=2048, gt=0)
+    max_tokens: int = Field(default=32768, gt=0)
+
+
+class TimeoutsConfig(Strict):
+    """Upstream timeouts in seconds: connecting, and the longest silence before or within a response."""
+
+    connect_s: float = Field(default=2.0, gt=0)
+    read_s: float = Field(default=300.0, gt=0)
+
+
+class HealthConfig(Strict):
+    """How often replicas are probed (``/health``) and scraped (``/metrics``, ``/get_server_info``)."""
+
+    interval_s: float = Field(default=1.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+    unhealthy_after: int = Field(default=2, ge=1)
+
+
+class SimulatedReplicas(Strict):
+    """Replicas the gateway starts itself as child processes (``spillgate sim-replica``)."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    preset: str = "llama-3.1-8b-h100"
+    time_scale: float = Field(default=1.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class PoolConfig(Strict):
+    """A set of interchangeable SGLang replicas serving one model."""
+
+    name: Name
+    served_model: str = Field(min_length=1, description="the model name the replicas expect in requests")
+    replicas: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=list)
+    simulated: SimulatedReplicas | None = None
+    context_window: int = Field(default=131072, gt=0)
+
+    @model_validator(mode="after")
+    def _has_replicas(self) -> PoolConfig:
+        if not self.replicas and self.simulated is None:
+            raise ValueError("a pool needs 'replicas' (URLs) or 'simulated'")
+        return self
+
+
+class SimulatedHosted(Strict):
+    """A hosted model the gateway simulates itself (``spillgate sim-hosted``)."""
+
+    ttft_ms: float = Field(default=350.0, gt=0)
+    tpot_ms: float = Field(default=12.0, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)
+
+
+class HostedModelConfig(Strict):
+    """A hosted frontier model behind an OpenAI-compatible API."""
+
+    name: Name
+    model: str = Field(min_length=1, description="the model name the provider expects")
+    api_base: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    api_key: str | None = Field(default=None, description="literal, or os.environ/NAME")
+    simulated: SimulatedHosted | None = None
+    context_window: int = Field(default=200000, gt=0)
+
+    @model_validator(mode="after")
+    def _has_endpoint(self) -> HostedModelConfig:
+        if self.api_base is None and self.simulated is None:
+            raise ValueError("a hosted model needs 'api_base' or 'simulated'")
+        return self
+
+
+class RouteConfig(Strict):
+    """What a client names in ``model``: the pools and hosted models that may serve it."""
+
+    name: Name
+    aliases: list[Name] = Field(default_factory=list)
+    targets: list[Name] = Field(min_length=1)
+    policy: PolicyName = "least_load"
+
+
+class TenantConfig(Strict):
+    """A team sharing the gateway. Keys are ``sha256:<hex>`` digests, ``os.environ/NAME`` or literals."""
+
+    name: Name
+    keys: list[str] = Field(min_length=1)
+    routes: list[str] = Field(default_factory=lambda: ["*"])
+
+
+class AuthConfig(Strict):
+    required: bool = True
+
+
+class GatewayConfig(Strict):
+    listen: ListenConfig = ListenConfig()
+    limits: LimitsConfig = LimitsConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    health: HealthConfig = HealthConfig()
+    auth: AuthConfig = AuthConfig()
+    pools: list[PoolConfig] = Field(default_factory=list)
+    hosted_models: list[HostedModelConfig] = Field(default_factory=list)
+    routes: list[RouteConfig] = Field(min_length=1)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> GatewayConfig:
+        targets = [p.name for p in self.pools] + [h.name for h in self.hosted_models]
+        _refuse_duplicates("pool or hosted model", targets)
+        _refuse_duplicates("route name or alias", [n for r in self.routes for n in (r.name, *r.aliases)])
+        _refuse_duplicates("tenant", [t.name for t in self.tenants])
+        known = set(targets)
+        for route in self.routes:
+            for target in route.targets:
+                if target not in known:
+                    raise ValueError(f"route {route.name!r} names unknown target {target!r}; known: {sorted(known)}")
+        route_names = {n for r in self.routes for n in (r.name, *r.aliases)}
+        for tenant in self.tenants:
+            for pattern in tenant.routes:
+                if pattern != "*" and pattern not in route_names:
+                    raise ValueError(f"tenant {tenant.name!r} names unknown route {pattern!r}")
+        if self.auth.required and not self.tenants:
+            raise ValueError("auth.required is true but no tenants are configured")
+        return self
+
+
+def _refuse_duplicates(what: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"duplicate {what} {name!r}")
+        seen.add(name)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file, the field and what was expected."""
+
+
+def load_config(path: Path) -> GatewayConfig:
+    """Read and validate ``path``; raise :class:`ConfigError` with every problem listed."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(raw, source=str(path))
+
+
+def parse_config(raw: object, *, source: str = "<config>") -> GatewayConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return GatewayConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s)"]
+    for error in exc.errors():
+        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"  {location}: {error['msg']}")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""The hot path: ``POST /v1/chat/completions`` and ``/v1/completions`` as plain ASGI handlers.
+
+Authenticate, validate, decide, forward, relay. Streams are relayed event by event as they arrive;
+nothing waits to fill a buffer. A client that goes away cancels its upstream request, which closes the
+upstream connection and so aborts the generation on the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backends.registry import Backend
+from backends.upstream import UpstreamError, UpstreamResponse
+from gateway.errors import ApiError, error_body
+from gateway.sse import EventRelay
+from gateway.state import GatewayState, Route
+from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
+from policies.types import Decision, NoCandidate, RouteRequest
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_UPSTREAM_STATUS = {"connect": 502, "protocol": 502, "timeout": 504}
+_MAX_ATTEMPTS = 2
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What one request did, for the response headers and the metrics."""
+
+    request_id: str
+    started: float
+    route: str = "-"
+    backend: str = "-"
+    reason: str = "-"
+    outcome: str = "error"
+    first_token_at: float = 0.0
+
+
+class CompletionsHandler:
+    """One OpenAI generation endpoint; ``upstream_path`` is where the same body goes on the backend."""
+
+    def __init__(self, state: GatewayState, upstream_path: str) -> None:
+        self._state = state
+        self._upstream_path = upstream_path
+        self._parse = parse_chat_request if upstream_path.endswith("chat/completions") else parse_completion_request
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        attempt = Attempt(request_id=_request_id(scope), started=time.perf_counter())
+        if scope["method"] != "POST":
+            await _send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
+            return
+        try:
+            body = await _read_body(scope, receive, self._state.config.limits.max_body_bytes)
+            parsed, route, decision = self._admit(scope, body, attempt)
+        except ApiError as error:
+            await _send_error(send, attempt, error)
+            return
+        await self._forward(parsed, route, decision, attempt, receive, send)
+
+    def _admit(self, scope: Scope, body: bytes, attempt: Attempt) -> tuple[ParsedRequest, Route, Decision]:
+        state = self._state
+        tenant = state.tenants.authenticate(_header(scope, b"authorization"))
+        parsed = self._parse(body, state.config.limits)
+        route = state.routes.get(parsed.model)
+        if route is None or not tenant.may_use(route.name):
+            # The same answer for a route that does not exist and one this tenant may not see.
+            raise ApiError(
+                404,
+                f"The model '{parsed.model}' does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+        attempt.route = route.name
+        request = RouteRequest(
+            tenant=tenant.name,
+            route=route.name,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens,
+            stream=parsed.stream,
+            sequence=route.next_sequence(),
+        )
+        try:
+            decision = route.policy.decide(request, state.registry.snapshot(route.targets))
+        except NoCandidate as exc:
+            raise ApiError(
+                503,
+                f"No backend can serve '{route.name}' right now: {exc}.",
+                code="no_healthy_backend",
+                headers={"retry-after": "1"},
+            ) from None
+        return parsed, route, decision
+
+    async def _forward(
+        self, parsed: ParsedRequest, route: Route, decision: Decision, attempt: Attempt, receive: Receive, send: Send
+    ) -> None:
+        watcher = _DisconnectWatcher(receive)
+        try:
+            attempt.outcome = await self._try_backends(parsed, decision, attempt, send)
+        except asyncio.CancelledError:
+            if not watcher.disconnected:
+                raise
+            attempt.outcome = "client_disconnected"
+        finally:
+            watcher.stop()
+            self._record(attempt)
+
+    async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
+        """Send to the first choice; if it cannot be reached, to the next (nothing was generated yet)."""
+        registry = self._state.registry
+        error: ApiError | None = None
+        for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
+            backend = registry[name]
+            attempt.backend = name
+            attempt.reason = decision.reason if index == 0 else "fallback"
+            try:
+                response = await self._open(backend, parsed)
+            except UpstreamError as exc:
+                error = _upstream_error(exc, name)
+                if exc.kind != "connect":
+                    break
+                registry.report_failure(backend, str(exc))
+                continue
+            return await self._relay(response, backend, parsed, attempt, send)
+        assert error is not None
+        await _send_error(send, attempt, error)
+        return "error"
+
+    async def _open(self, backend: Backend, parsed: ParsedRequest) -> UpstreamResponse:
+        payload = parsed.payload
+        payload["model"] = backend.served_model
+        if parsed.stream:
+            # Always learn the usage; the relay strips that chunk if the client did not ask for it.
+            payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
+        headers = {"content-type": "application/json"}
+        if backend.api_key:
+            headers["authorization"] = f"Bearer {backend.api_key}"
+        backend.in_flight += 1
+        try:
+            return await self._state.upstream.post(
+                backend.base_url + self._upstream_path, orjson.dumps(payload), headers
+            )
+        except BaseException:
+            backend.in_flight -= 1
+            raise
+
+    async def _relay(
+        self, response: UpstreamResponse, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
+    ) -> str:
+        try:
+            if response.status >= 400:
+                return await self._relay_upstream_error(response, attempt, send)
+            if parsed.stream:
+                return await self._relay_stream(response, parsed, attempt, send)
+            return await self._relay_whole(response, attempt, send)
+        finally:
+            response.close()
+            backend.in_flight -= 1
+
+    async def _relay_whole(self, response: UpstreamResponse, attempt: Attempt, send: Send) -> str:
+        try:
+            body = await response.read()
+        except UpstreamError as exc:
+            await _send_error(send, attempt, _upstream_error(exc, attempt.backend))
+            return "error"
+        await _send_json(send, response.status, _headers(attempt, _JSON_HEADERS), body)
+        return "ok"
+
+    async def _relay_stream(
+        self, response: UpstreamResponse, parsed: ParsedRequest, attempt: Attempt, send: Send
+    ) -> str:
+        await send({"type": "http.response.start", "status": 200, "headers": _headers(attempt, _SSE_HEADERS)})
+        relay = EventRelay(strip_usage=not parsed.include_usage)
+        try:
+            async for data in response.chunks():
+                events = relay.feed(data)
+                if events:
+                    if not attempt.first_token_at:
+                        attempt.first_token_at = time.perf_counter()
+                    await send({"type": "http.response.body", "body": events, "more_body": True})
+        except UpstreamError as exc:
+            # Headers are gone already: tell the client in-band, the way OpenAI reports mid-stream errors.
+            message = _upstream_error(exc, attempt.backend).body()
+            await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
+            return "error"
+        await send({"type": "http.response.body", "body": relay.flush()})
+        self._observe_tpot(attempt, relay.usage)
+        return "ok"
+
+    async def _relay_upstream_error(self, response: UpstreamResponse, attempt: Attempt, send: Send) -> str:
+        try:
+            body = await response.read()
+        except UpstreamError:
+            body = b""
+        if response.status >= 500 or not _is_openai_error(body):
+            status = 502 if response.status >= 500 else response.status
+            body = error_body(status, f"Backend {attempt.backend} answered {response.status}.", code="backend_error")
+        else:
+            status = response.status
+        await _send_json(send, status, _headers(attempt, _JSON_HEADERS), body)
+        return "backend_error" if status >= 500 else "client_error"
+
+    def _observe_tpot(self, attempt: Attempt, usage: dict[str, Any] | None) -> None:
+        tokens = (usage or {}).get("completion_tokens")
+        if isinstance(tokens, int) and tokens > 1 and attempt.first_token_at:
+            tpot = (time.perf_counter() - attempt.first_token_at) / (tokens - 1)
+            self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
+
+    def _record(self, attempt: Attempt) -> None:
+        metrics = self._state.metrics
+        metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
+        if attempt.outcome == "ok":
+            now = time.perf_counter()
+            metrics.e2e.labels(attempt.backend).observe(now - attempt.started)
+            if attempt.first_token_at:
+                metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
+
+
+class _DisconnectWatcher:
+    """Cancels the request's task when the client disconnects, so its upstream request is dropped too."""
+
+    __slots__ = ("_active", "_task", "disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        self.disconnected = False
+        self._active = True
+        owner = asyncio.current_task()
+        self._task = asyncio.ensure_future(receive())
+
+        def on_message(task: asyncio.Future[dict[str, Any]]) -> None:
+            if self._active and owner is not None and not task.cancelled() and task.exception() is None:
+                self.disconnected = True
+                owner.cancel()
+
+        self._task.add_done_callback(on_message)
+
+    def stop(self) -> None:
+        """The response is complete: a disconnect from now on is the normal end of the exchange."""
+        self._active = False
+        self._task.cancel()
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "Client disconnected before sending the whole body.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"Request body is larger than this gateway's limit of {limit} bytes.", code="request_too_large"
+    )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    given = _header(scope, b"x-request-id")
+    if given and len(given) <= 128 and given.isascii() and given.isprintable():
+        return given
+    return os.urandom(12).hex()
+
+
+def _headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [
+        *base,
+        (b"x-request-id", attempt.request_id.encode()),
+        (b"x-spillgate-backend", attempt.backend.encode()),
+        (b"x-spillgate-reason", attempt.reason.encode()),
+    ]
+
+
+def _is_openai_error(body: bytes) -> bool:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+
+
+def _upstream_error(exc: UpstreamError, backend: str) -> ApiError:
+    return ApiError(_UPSTREAM_STATUS[exc.kind], f"Backend {backend} failed: {exc}.", code=f"backend_{exc.kind}")
+
+
+async def _send_error(send: Send, attempt: Attempt, error: ApiError) -> None:
+    headers = _headers(attempt, _JSON_HEADERS) + [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    await _send_json(send, error.status, headers, error.body())
+
+
+async def _send_json(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,119 @@
+"""``spillgate serve``: load the config, start the embedded simulators it asks for, run the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import GatewayApp
+from gateway.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, load_config
+from gateway.secrets import MissingSecret
+from gateway.state import build_state
+from gateway.supervisor import ChildProcesses
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEMO_CONFIG_PATH})")
+    parser.add_argument("--host", default=None, help="listen address (overrides listen.host)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (overrides listen.port)")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe is noise
+    path = args.config or DEMO_CONFIG_PATH
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"spillgate: invalid config\n{exc}", file=sys.stderr)
+        return 2
+    host = args.host or config.listen.host
+    port = config.listen.port if args.port is None else args.port
+
+    children = ChildProcesses()
+    try:
+        replica_urls, hosted_urls = _start_simulators(config, children)
+        try:
+            state = build_state(config, replica_urls, hosted_urls)
+        except MissingSecret as exc:
+            print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
+            return 2
+        _print_banner(config, path, host, port, replica_urls, hosted_urls)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                GatewayApp(state),
+                host=host,
+                port=port,
+                loop="uvloop",
+                http="httptools",
+                log_level=args.log_level,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        children.stop_all()
+
+
+def _start_simulators(
+    config: GatewayConfig, children: ChildProcesses
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    replica_urls: dict[str, list[str]] = {}
+    for pool in config.pools:
+        urls = list(pool.replicas)
+        if pool.simulated is not None:
+            sim = pool.simulated
+            args = ["--preset", sim.preset, "--time-scale", str(sim.time_scale), "--model-name", pool.served_model]
+            urls += [children.start("sim-replica", [*args, *sim.extra_args]) for _ in range(sim.count)]
+        replica_urls[pool.name] = urls
+    hosted_urls: dict[str, str] = {}
+    for hosted in config.hosted_models:
+        if hosted.simulated is not None:
+            sim = hosted.simulated
+            hosted_urls[hosted.name] = children.start(
+                "sim-hosted",
+                ["--model-name", hosted.model, "--ttft-ms", str(sim.ttft_ms), "--tpot-ms", str(sim.tpot_ms),
+                 "--time-scale", str(sim.time_scale)],
+            )
+        else:
+            assert hosted.api_base is not None
+            hosted_urls[hosted.name] = hosted.api_base.removesuffix("/v1").removesuffix("/v1/")
+    simulated = [u for p in config.pools if p.simulated for u in replica_urls[p.name][len(p.replicas):]]
+    simulated += [hosted_urls[h.name] for h in config.hosted_models if h.simulated]
+    children.wait_ready(simulated)
+    return replica_urls, hosted_urls
+
+
+def _print_banner(
+    config: GatewayConfig,
+    path: Path,
+    host: str,
+    port: int,
+    replica_urls: dict[str, list[str]],
+    hosted_urls: dict[str, str],
+) -> None:
+    url = f"http://{host}:{port}"
+    lines = [
+        f"spillgate serving {url}  (config: {path})",
+        f"  OpenAI base URL: {url}/v1",
+        f"  dashboard:       {url}/dashboard   metrics: {url}/metrics",
+    ]
+    for pool in config.pools:
+        lines.append(f"  pool {pool.name}: {', '.join(replica_urls[pool.name])}")
+    for name, hosted_url in hosted_urls.items():
+        lines.append(f"  hosted {name}: {hosted_url}")
+    routes = ", ".join(r.name for r in config.routes)
+    lines.append(f"  routes (use as 'model'): {routes}")
+    for tenant in config.tenants:
+        shown = [k for k in tenant.keys if not k.startswith(("sha256:", "os.environ/"))]
+        if shown:
+            lines.append(f"  tenant {tenant.name}: key {shown[0]}")
+    print("\n".join(lines), flush=True)

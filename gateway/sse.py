@@ -1,0 +1,66 @@
+"""Server-sent-event framing for the streaming relay.
+
+The relay forwards whole events only (upstream reads can split one anywhere) and looks inside the one
+event it cares about: the final usage chunk, which it may strip when the client did not ask for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+_USAGE_MARKS = (b'"usage":{', b'"usage": {')
+_SEPARATOR = b"\n\n"
+
+
+class EventRelay:
+    """Feeds raw upstream bytes in, gets complete events out, and remembers the usage it saw."""
+
+    __slots__ = ("_pending", "_strip_usage", "events", "usage")
+
+    def __init__(self, *, strip_usage: bool) -> None:
+        self._pending = b""
+        self._strip_usage = strip_usage
+        self.events = 0
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """Return the complete events in ``pending + data`` (possibly none), keeping the partial tail."""
+        if self._pending:
+            data = self._pending + data
+        end = data.rfind(_SEPARATOR)
+        if end < 0:
+            self._pending = data
+            return b""
+        end += len(_SEPARATOR)
+        self._pending = data[end:]
+        complete = data[:end]
+        self.events += complete.count(_SEPARATOR)
+        if _has_usage(complete):
+            complete = self._take_usage(complete)
+        return complete
+
+    def flush(self) -> bytes:
+        """Whatever is left when the upstream closes (a final event without its blank line)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _take_usage(self, complete: bytes) -> bytes:
+        kept = []
+        for event in complete.split(_SEPARATOR)[:-1]:
+            if event.startswith(b"data: ") and _has_usage(event):
+                try:
+                    chunk = orjson.loads(event[6:])
+                except orjson.JSONDecodeError:
+                    chunk = None
+                if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
+                    self.usage = chunk["usage"]
+                    if self._strip_usage and not chunk.get("choices"):
+                        continue
+            kept.append(event + _SEPARATOR)
+        return b"".join(kept)
+
+
+def _has_usage(data: bytes) -> bool:
+    return _USAGE_MARKS[0] in data or _USAGE_MARKS[1] in data

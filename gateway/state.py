@@ -1,0 +1,88 @@
+"""Everything a running gateway holds, built once from the config and owned by the app."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from backends.registry import Backend, BackendRegistry
+from backends.upstream import Timeouts, UpstreamClient
+from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
+from gateway.secrets import resolve_secret
+from gateway.tenants import TenantDirectory
+from policies.engine import Policy
+from policies.registry import build_policy
+
+
+@dataclass
+class Route:
+    """A name clients put in ``model``, the backends that may serve it, and how to choose among them."""
+
+    name: str
+    targets: tuple[str, ...]
+    policy: Policy
+    _sequence: Iterator[int] = field(default_factory=itertools.count, repr=False)
+
+    def next_sequence(self) -> int:
+        return next(self._sequence)
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    registry: BackendRegistry
+    routes: Mapping[str, Route]
+    """Every route under its name and each of its aliases."""
+    tenants: TenantDirectory
+    upstream: UpstreamClient
+    metrics: GatewayMetrics
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        await self.registry.start()
+
+    async def stop(self) -> None:
+        await self.registry.stop()
+        await self.upstream.close()
+
+
+def build_state(
+    config: GatewayConfig, replica_urls: Mapping[str, list[str]], hosted_urls: Mapping[str, str]
+) -> GatewayState:
+    """Assemble the gateway; ``replica_urls`` and ``hosted_urls`` give the resolved endpoints per pool/model."""
+    backends: list[Backend] = []
+    members: dict[str, list[str]] = {}
+    for pool in config.pools:
+        pool_backends = [
+            Backend(f"{pool.name}-{index}", "replica", url.rstrip("/"), pool.served_model)
+            for index, url in enumerate(replica_urls[pool.name])
+        ]
+        backends += pool_backends
+        members[pool.name] = [b.name for b in pool_backends]
+    for hosted in config.hosted_models:
+        api_key = resolve_secret(hosted.api_key) if hosted.api_key else None
+        backends.append(Backend(hosted.name, "hosted", hosted_urls[hosted.name].rstrip("/"), hosted.model, api_key))
+        members[hosted.name] = [hosted.name]
+    routes: dict[str, Route] = {}
+    for route_config in config.routes:
+        targets = tuple(name for target in route_config.targets for name in members[target])
+        route = Route(route_config.name, targets, build_policy(route_config.policy))
+        for name in (route_config.name, *route_config.aliases):
+            routes[name] = route
+
+    aliases = {name: route.name for name, route in routes.items()}
+    return GatewayState(
+        config=config,
+        registry=BackendRegistry(
+            backends,
+            interval_s=config.health.interval_s,
+            timeout_s=config.health.timeout_s,
+            unhealthy_after=config.health.unhealthy_after,
+        ),
+        routes=routes,
+        tenants=TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases),
+        upstream=UpstreamClient(Timeouts(config.timeouts.connect_s, config.timeouts.read_s)),
+        metrics=GatewayMetrics(),
+    )

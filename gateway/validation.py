@@ -1,0 +1,147 @@
+"""Checking OpenAI request bodies before anything is sent upstream.
+
+Hand-written rather than a pydantic model because the body must be forwarded as the client sent it
+(unknown fields pass through untouched) and because this runs on every request: these checks cost a
+few microseconds. A malformed body is a 400; well-formed JSON with a wrong field is a 422 naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.config import LimitsConfig
+from gateway.errors import ApiError
+
+CHARS_PER_TOKEN = 4
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """The fields routing needs; the body itself is forwarded as received, ``model`` rewritten."""
+
+    payload: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    prompt_tokens: int
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+    return payload
+
+
+def parse_chat_request(body: bytes, limits: LimitsConfig) -> ParsedRequest:
+    payload = parse_json_object(body)
+    messages = payload.get("messages")
+    if messages is None:
+        raise _invalid("messages", "'messages' is required.", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages", "'messages' must be a non-empty array.")
+    if len(messages) > limits.max_messages:
+        raise _invalid("messages", f"At most {limits.max_messages} messages are allowed, got {len(messages)}.")
+    chars = 0
+    for index, message in enumerate(messages):
+        chars += _message_chars(message, f"messages[{index}]")
+    tools = payload.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _invalid("tools", "'tools' must be an array.")
+        chars += len(orjson.dumps(tools))
+    return _common(payload, limits, chars, "max_completion_tokens", "max_tokens")
+
+
+def parse_completion_request(body: bytes, limits: LimitsConfig) -> ParsedRequest:
+    payload = parse_json_object(body)
+    if "prompt" not in payload:
+        raise _invalid("prompt", "'prompt' is required.", code="missing_required_parameter")
+    return _common(payload, limits, _prompt_chars(payload["prompt"]), "max_tokens")
+
+
+def _common(payload: dict[str, Any], limits: LimitsConfig, chars: int, *token_fields: str) -> ParsedRequest:
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model", "'model' must be a non-empty string naming a route.")
+    stream = payload.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _invalid("stream", "'stream' must be a boolean.")
+    include_usage = False
+    options = payload.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise _invalid("stream_options", "'stream_options' must be an object.")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise _invalid("stream_options.include_usage", "'include_usage' must be a boolean.")
+    for name in _NUMBER_FIELDS:
+        value = payload.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _invalid(name, f"'{name}' must be a number.")
+    max_tokens = 0
+    for name in token_fields:
+        value = payload.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _invalid(name, f"'{name}' must be a positive integer.")
+        if value > limits.max_tokens:
+            raise _invalid(name, f"'{name}' is {value}; this gateway allows at most {limits.max_tokens}.")
+        max_tokens = value
+    return ParsedRequest(
+        payload=payload,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        prompt_tokens=chars // CHARS_PER_TOKEN + 1,
+    )
+
+
+def _message_chars(message: object, where: str) -> int:
+    if not isinstance(message, dict):
+        raise _invalid(where, f"'{where}' must be an object with 'role' and 'content'.")
+    role = message.get("role")
+    if role not in _ROLES:
+        raise _invalid(f"{where}.role", f"'{where}.role' must be one of {sorted(_ROLES)}.")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return len(content or "") + 8
+    if isinstance(content, list):
+        chars = 8
+        for index, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _invalid(f"{where}.content[{index}]", "Each content part must be an object with a 'type'.")
+            text = part.get("text")
+            chars += len(text) if isinstance(text, str) else 0
+        return chars
+    raise _invalid(f"{where}.content", f"'{where}.content' must be a string or an array of content parts.")
+
+
+def _prompt_chars(prompt: object) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            return sum(len(item) for item in prompt)
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+            return len(prompt) * CHARS_PER_TOKEN
+        if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in prompt):
+            return sum(len(item) for item in prompt) * CHARS_PER_TOKEN
+    raise _invalid("prompt", "'prompt' must be a string, an array of strings, or an array of token ids.")
+
+
+def _invalid(param: str, message: str, *, code: str = "invalid_value") -> ApiError:
+    return ApiError(422, message, param=param, code=code)
