@@ -73,13 +73,11 @@ class CompletionsHandler:
         tenant = state.tenants.authenticate(_header(scope, b"authorization"))
         parsed = self._parse(body, state.config.limits)
         route = state.routes.get(parsed.model)
-        if route is None or not tenant.may_use(route.name):
-            # The same answer for a route that does not exist and one this tenant may not see.
+        if route is None:
+            raise ApiError(404, f"The model '{parsed.model}' does not exist.", param="model", code="model_not_found")
+        if not tenant.may_use(route.name):
             raise ApiError(
-                404,
-                f"The model '{parsed.model}' does not exist or you do not have access to it.",
-                param="model",
-                code="model_not_found",
+                403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
         attempt.route = route.name
         request = RouteRequest(

@@ -1,0 +1,181 @@
+"""Bad input and broken backends get the right status and OpenAI's error body, never a 500."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.procs import RunningProcess, free_port
+
+AUTH = {"authorization": f"Bearer {TENANT_KEY}"}
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def post(
+    gateway: RunningProcess,
+    payload: object = None,
+    *,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+) -> httpx.Response:
+    return httpx.post(
+        gateway.url + path,
+        json=payload if content is None else None,
+        content=content,
+        headers=headers if headers is not None else AUTH,
+        timeout=30,
+    )
+
+
+def assert_openai_error(response: httpx.Response, status: int, *, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and "Traceback" not in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "param"),
+    [
+        ({"model": "chat"}, 422, "messages"),
+        ({"model": "chat", "messages": []}, 422, "messages"),
+        ({"model": "chat", "messages": "hi"}, 422, "messages"),
+        ({"model": "chat", "messages": [{"role": "robot", "content": "x"}]}, 422, "messages[0].role"),
+        ({"model": "chat", "messages": [{"role": "user", "content": 7}]}, 422, "messages[0].content"),
+        ({"model": "chat", "messages": HELLO, "stream": "yes"}, 422, "stream"),
+        ({"model": "chat", "messages": HELLO, "max_tokens": -3}, 422, "max_tokens"),
+        ({"model": "chat", "messages": HELLO, "max_tokens": 10**9}, 422, "max_tokens"),
+        ({"model": "chat", "messages": HELLO, "temperature": "hot"}, 422, "temperature"),
+        ({"model": 5, "messages": HELLO}, 422, "model"),
+        ({"model": "no-such-model", "messages": HELLO}, 404, "model"),
+        ([1, 2, 3], 400, None),
+    ],
+)
+def test_invalid_requests(gateway: RunningProcess, payload: object, status: int, param: str | None) -> None:
+    assert_openai_error(post(gateway, payload), status, param=param)
+
+
+def test_completions_need_a_prompt(gateway: RunningProcess) -> None:
+    assert_openai_error(post(gateway, {"model": "chat"}, path="/v1/completions"), 422, param="prompt")
+    assert_openai_error(post(gateway, {"model": "chat", "prompt": [1.5]}, path="/v1/completions"), 422, param="prompt")
+
+
+def test_malformed_json(gateway: RunningProcess) -> None:
+    error = assert_openai_error(post(gateway, content=b'{"model": "chat", "messages": ['), 400)
+    assert error["code"] == "invalid_json"
+
+
+def test_oversized_body_is_413(gateway: RunningProcess) -> None:
+    big = [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]
+    assert_openai_error(post(gateway, {"model": "chat", "messages": big}), 413)
+
+
+def test_keys_and_route_permissions(gateway: RunningProcess) -> None:
+    body = {"model": "chat", "messages": HELLO, "max_tokens": 1}
+    assert_openai_error(post(gateway, body, headers={}), 401)
+    assert_openai_error(post(gateway, body, headers={"authorization": "Bearer sk-wrong"}), 401)
+    assert_openai_error(post(gateway, body, headers={"authorization": "Basic abc"}), 401)
+    assert_openai_error(post(gateway, body, headers={"authorization": f"Bearer {OTHER_KEY}"}), 403, param="model")
+
+
+def test_openai_client_raises_typed_errors(gateway: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=HELLO)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.chat.completions.create(model="chat", messages=[])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gateway.url + "/v1", api_key="bad", max_retries=0).models.list()
+
+
+def test_unknown_path_and_method(gateway: RunningProcess) -> None:
+    assert_openai_error(httpx.get(gateway.url + "/v1/nothing-here"), 404)
+    assert_openai_error(httpx.get(gateway.url + "/v1/chat/completions", headers=AUTH), 405)
+
+
+def test_dead_backend_is_502_then_503(tmp_path: Path) -> None:
+    replica = start_replica(tmp_path, "--time-scale", "0.02")
+    config = gateway_config([replica.url], health={"interval_s": 60, "timeout_s": 1, "unhealthy_after": 1})
+    gateway = start_gateway(config, tmp_path)
+    try:
+        replica.stop()
+        body = {"model": "chat", "messages": HELLO, "max_tokens": 1}
+        error = assert_openai_error(post(gateway, body), 502)
+        assert error["code"] == "backend_connect"
+        # The failure took the replica out of rotation: now nothing can serve the route.
+        response = post(gateway, body)
+        assert_openai_error(response, 503)
+        assert response.headers["retry-after"]
+        assert httpx.get(gateway.url + "/ready").status_code == 503
+        assert httpx.get(gateway.url + "/health").status_code == 200
+    finally:
+        gateway.stop()
+        replica.stop()
+
+
+def test_fallback_to_another_replica_when_one_is_down(tmp_path: Path) -> None:
+    live = start_replica(tmp_path, "--time-scale", "0.02")
+    dead_url = f"http://127.0.0.1:{free_port()}"
+    config = gateway_config([dead_url, live.url], health={"interval_s": 60, "timeout_s": 1, "unhealthy_after": 5})
+    gateway = start_gateway(config, tmp_path)
+    try:
+        reasons = set()
+        for _ in range(4):
+            response = post(gateway, {"model": "chat-rr", "messages": HELLO, "max_tokens": 1})
+            assert response.status_code == 200, response.text
+            assert response.headers["x-spillgate-backend"] == "pool-1"
+            reasons.add(response.headers["x-spillgate-reason"])
+        assert "fallback" in reasons
+    finally:
+        gateway.stop()
+        live.stop()
+
+
+def test_slow_backend_is_504(tmp_path: Path) -> None:
+    slow = start_replica(tmp_path, "--time-scale", "20")
+    gateway = start_gateway(gateway_config([slow.url], timeouts={"connect_s": 1, "read_s": 0.5}), tmp_path)
+    try:
+        response = post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 200})
+        error = assert_openai_error(response, 504)
+        assert error["code"] == "backend_timeout"
+    finally:
+        gateway.stop()
+        slow.stop()
+
+
+def test_client_disconnect_frees_the_backend_request(tmp_path: Path) -> None:
+    replica = start_replica(tmp_path, "--time-scale", "1")
+    gateway = start_gateway(gateway_config([replica.url]), tmp_path)
+    try:
+        body = {"model": "chat", "messages": HELLO, "max_tokens": 5000, "stream": True}
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            assert running_requests(replica) == 1
+        # 5000 tokens take the simulated 8B model about 40 s; the abort must come long before.
+        deadline = time.monotonic() + 5
+        while running_requests(replica) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running_requests(replica) == 0
+        metrics = httpx.get(gateway.url + "/metrics").text
+        assert 'outcome="client_disconnected"' in metrics
+    finally:
+        gateway.stop()
+        replica.stop()
+
+
+def running_requests(replica: RunningProcess) -> int:
+    for line in httpx.get(replica.url + "/metrics").text.splitlines():
+        if line.startswith("sglang:num_running_reqs"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError("sglang:num_running_reqs missing from the replica's /metrics")

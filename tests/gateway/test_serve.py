@@ -1,0 +1,97 @@
+"""``spillgate serve``: the embedded demo from a bare command, and config validation that fails fast."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import yaml
+
+from tests.support.procs import REPO_ROOT, free_port, start_spillgate
+
+
+def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> None:
+    port = free_port()
+    gateway = start_spillgate(
+        ["serve", "--port", str(port)], port=port, log_dir=tmp_path, ready_path="/ready", timeout=60
+    )
+    try:
+        banner = gateway.log()
+        assert f"http://127.0.0.1:{port}/v1" in banner
+        assert "sk-spillgate-demo" in banner
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-spillgate-demo", max_retries=0)
+        assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "frontier"}
+
+        reply = client.chat.completions.create(
+            model="llama-3.1-8b", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5
+        )
+        assert reply.usage.completion_tokens == 5
+        streamed = client.chat.completions.create(
+            model="frontier", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+
+        health = httpx.get(gateway.url + "/health").json()
+        assert len([name for name in health["backends"] if name.startswith("llama-8b-")]) == 4
+        children = child_pids(gateway.pid)
+        assert len(children) == 5
+    finally:
+        gateway.stop()
+    assert not [pid for pid in children if alive(pid)], "simulators must stop with the gateway"
+
+
+def test_invalid_config_fails_fast_with_the_field_path(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO_ROOT / "config" / "demo.yaml").read_text())
+    config["routes"][0]["policy"] = "fastest-please"
+    config["listen"]["port"] = "eighty"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert str(path) in result.stderr
+    assert "routes.0.policy" in result.stderr and "round_robin" in result.stderr
+    assert "listen.port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_target_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"routes": [{"name": "r", "targets": ["ghost"]}], "auth": {"required": False}}))
+    result = run_serve(path)
+    assert result.returncode == 2 and "ghost" in result.stderr
+    result = run_serve(tmp_path / "absent.yaml")
+    assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def run_serve(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def child_pids(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
+    return bool(stat) and stat.split()[2] != "Z"

@@ -1,0 +1,58 @@
+"""Baseline policies are pure functions of (request, snapshot)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.registry import POLICY_NAMES, build_policy
+from policies.types import BackendState, NoCandidate, RouteRequest, Snapshot
+
+
+def request(sequence: int = 0) -> RouteRequest:
+    return RouteRequest(tenant="t", route="r", prompt_tokens=100, max_tokens=10, stream=False, sequence=sequence)
+
+
+def snapshot(*loads: int, healthy: tuple[bool, ...] | None = None) -> Snapshot:
+    flags = healthy or (True,) * len(loads)
+    return Snapshot(tuple(BackendState(f"b{i}", "replica", flags[i], in_flight=load) for i, load in enumerate(loads)))
+
+
+def test_round_robin_rotates_over_healthy_backends() -> None:
+    policy = build_policy("round_robin")
+    picks = [policy.decide(request(seq), snapshot(0, 0, 0)).backend for seq in range(6)]
+    assert picks == ["b0", "b1", "b2", "b0", "b1", "b2"]
+    decision = policy.decide(request(1), snapshot(0, 0, 0, healthy=(True, False, True)))
+    assert decision.backend == "b2" and "b1" not in decision.ranked
+
+
+def test_least_load_prefers_the_idlest_and_ranks_the_rest() -> None:
+    decision = build_policy("least_load").decide(request(), snapshot(5, 1, 3))
+    assert decision.backend == "b1"
+    assert decision.ranked == ("b1", "b2", "b0")
+    assert decision.reason == "least_load"
+
+
+def test_least_load_counts_what_the_replica_reports() -> None:
+    state = Snapshot(
+        (
+            BackendState("busy", "replica", running=8, queued=4),
+            BackendState("quiet", "replica", running=1),
+        )
+    )
+    assert build_policy("least_load").decide(request(), state).backend == "quiet"
+
+
+def test_least_load_ties_rotate() -> None:
+    policy = build_policy("least_load")
+    assert {policy.decide(request(seq), snapshot(0, 0, 0)).backend for seq in range(3)} == {"b0", "b1", "b2"}
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_no_healthy_backend_raises(name: str) -> None:
+    with pytest.raises(NoCandidate):
+        build_policy(name).decide(request(), snapshot(0, 0, healthy=(False, False)))
+
+
+def test_unknown_policy_name() -> None:
+    with pytest.raises(KeyError):
+        build_policy("psychic")
