@@ -1,0 +1,73 @@
+"""Prefix fingerprints: chained xxh3 hashes over fixed-size blocks of a canonical prompt serialization.
+
+The serialization puts tool definitions first, then every message in order, each framed by its role, so
+that turn n+1 of a conversation serializes to turn n's text plus more. Block i's hash is seeded with block
+i-1's, so one hash names a whole prefix: two requests share block i's hash only if they share every byte up
+to the end of block i. The first seed mixes in the model and the tenant's salt, so two tenants (or two
+models) never match each other's prefixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import xxhash
+
+DEFAULT_BLOCK_CHARS = 256
+DEFAULT_MAX_BLOCKS = 512
+
+_RECORD = "\x1e"  # separates messages
+_UNIT = "\x1f"  # separates a message's role from its content
+
+
+def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
+    """Serialize a chat so that a longer conversation extends a shorter one's serialization."""
+    parts: list[str] = []
+    if tools:
+        parts.append(_RECORD + "tools" + _UNIT + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())
+    for message in messages:
+        parts.append(_RECORD + str(message.get("role", "")) + _UNIT + _content_text(message.get("content")))
+    return "".join(parts)
+
+
+def canonical_completion(prompt: object) -> str:
+    """Serialize a completions ``prompt``: text as is, token ids as their decimal list."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(item, str) for item in prompt):
+        return "".join(prompt)
+    return orjson.dumps(prompt).decode()
+
+
+def prefix_seed(model: str, salt: str) -> int:
+    """The first link of the chain: different models or tenant salts give unrelated chains."""
+    return xxhash.xxh3_64_intdigest(f"{model}{_UNIT}{salt}".encode())
+
+
+def block_hashes(
+    text: str, seed: int, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
+) -> list[int]:
+    """Chained hashes of the full blocks of ``text`` (a trailing partial block is not a shared prefix yet)."""
+    data = text.encode()
+    count = min(len(data) // block_chars, max_blocks)
+    hashes = []
+    digest = xxhash.xxh3_64_intdigest
+    previous = seed
+    for start in range(0, count * block_chars, block_chars):
+        previous = digest(data[start : start + block_chars], previous)
+        hashes.append(previous)
+    return hashes
+
+
+def _content_text(content: object) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping):
+                texts.append(part["text"] if isinstance(part.get("text"), str) else orjson.dumps(part).decode())
+        return _UNIT.join(texts)
+    return orjson.dumps(content).decode()

@@ -1,0 +1,117 @@
+"""Which prefix blocks each replica probably holds: a bounded LRU per replica over chained block hashes.
+
+One table maps a block hash to a bit mask of the replicas holding it, so a lookup walks the request's
+blocks once for all replicas together and stops at the first block nobody holds. Blocks of a request are
+touched deepest first, so within a replica a prefix's root is always more recent than its tail and LRU
+eviction trims prefixes from the end, as a radix cache does.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _ReplicaBlocks:
+    bit: int
+    capacity: int
+    lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+
+class PrefixIndex:
+    """In-process prefix index. Memory is bounded by the sum of the replicas' capacities in blocks."""
+
+    def __init__(self) -> None:
+        self._holders: dict[int, int] = {}
+        self._replicas: dict[str, _ReplicaBlocks] = {}
+        self._names_by_bit: dict[int, str] = {}
+
+    def set_capacity(self, replica: str, blocks: int) -> None:
+        """Register ``replica`` or change how many blocks it can hold (from its KV capacity)."""
+        entry = self._replicas.get(replica)
+        if entry is None:
+            bit = _lowest_free_bit(self._names_by_bit)
+            entry = self._replicas[replica] = _ReplicaBlocks(bit=bit, capacity=blocks)
+            self._names_by_bit[bit] = replica
+        entry.capacity = max(1, blocks)
+        self._evict(entry)
+
+    def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
+        """How many leading blocks of ``hashes`` each of ``replicas`` holds."""
+        wanted = {name: self._replicas[name].bit for name in replicas if name in self._replicas}
+        depths = dict.fromkeys(wanted, 0)
+        mask = 0
+        for bit in wanted.values():
+            mask |= 1 << bit
+        holders = self._holders
+        for depth, block in enumerate(hashes):
+            held = holders.get(block, 0) & mask
+            if held != mask:
+                self._record_depths(mask & ~held, depth, depths)
+                mask = held
+                if not mask:
+                    return depths
+        self._record_depths(mask, len(hashes), depths)
+        return depths
+
+    def insert(self, replica: str, hashes: Sequence[int]) -> None:
+        """``replica`` was sent a request with these blocks: it will hold them once prefill runs."""
+        entry = self._replicas[replica]
+        bit = 1 << entry.bit
+        lru = entry.lru
+        holders = self._holders
+        for block in reversed(hashes):
+            if block in lru:
+                lru.move_to_end(block)
+            else:
+                lru[block] = None
+                holders[block] = holders.get(block, 0) | bit
+        self._evict(entry)
+
+    def forget_after(self, replica: str, hashes: Sequence[int], depth: int) -> None:
+        """The replica reported holding only ``depth`` blocks of ``hashes``: drop the rest for it."""
+        entry = self._replicas.get(replica)
+        if entry is not None:
+            for block in hashes[depth:]:
+                if block in entry.lru:
+                    del entry.lru[block]
+                    self._release(block, entry.bit)
+
+    def clear(self, replica: str) -> None:
+        """The replica restarted or flushed its cache."""
+        entry = self._replicas.get(replica)
+        if entry is not None:
+            for block in entry.lru:
+                self._release(block, entry.bit)
+            entry.lru.clear()
+
+    def blocks_held(self, replica: str) -> int:
+        entry = self._replicas.get(replica)
+        return len(entry.lru) if entry else 0
+
+    def _evict(self, entry: _ReplicaBlocks) -> None:
+        while len(entry.lru) > entry.capacity:
+            block, _ = entry.lru.popitem(last=False)
+            self._release(block, entry.bit)
+
+    def _release(self, block: int, bit: int) -> None:
+        remaining = self._holders.get(block, 0) & ~(1 << bit)
+        if remaining:
+            self._holders[block] = remaining
+        else:
+            self._holders.pop(block, None)
+
+    def _record_depths(self, lost: int, depth: int, depths: dict[str, int]) -> None:
+        while lost:
+            low = lost & -lost
+            depths[self._names_by_bit[low.bit_length() - 1]] = depth
+            lost ^= low
+
+
+def _lowest_free_bit(taken: dict[int, str]) -> int:
+    bit = 0
+    while bit in taken:
+        bit += 1
+    return bit

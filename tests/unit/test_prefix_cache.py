@@ -1,0 +1,77 @@
+"""Prefix fingerprints and the prefix index."""
+
+from __future__ import annotations
+
+from cache.fingerprint import block_hashes, canonical_chat, prefix_seed
+from cache.index import PrefixIndex
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
+
+
+def conversation(turns: int) -> list[dict[str, str]]:
+    messages = [SYSTEM]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "why? " * 30})
+        messages.append({"role": "assistant", "content": f"Answer {turn}: " + "because. " * 30})
+    return messages
+
+
+def test_turn_n_plus_one_extends_turn_n() -> None:
+    seed = prefix_seed("m", "tenant-a")
+    shorter = block_hashes(canonical_chat(conversation(2)), seed, block_chars=64)
+    longer = block_hashes(canonical_chat(conversation(3)), seed, block_chars=64)
+    assert len(longer) > len(shorter) > 0
+    assert longer[: len(shorter)] == shorter
+    assert canonical_chat(conversation(3)).startswith(canonical_chat(conversation(2)))
+
+
+def test_tenants_and_models_never_collide() -> None:
+    text = canonical_chat(conversation(2))
+    a = set(block_hashes(text, prefix_seed("m", "tenant-a"), block_chars=64))
+    b = set(block_hashes(text, prefix_seed("m", "tenant-b"), block_chars=64))
+    other_model = set(block_hashes(text, prefix_seed("m2", "tenant-a"), block_chars=64))
+    assert a and not a & b and not a & other_model
+
+
+def test_chained_hash_names_the_whole_prefix() -> None:
+    seed = prefix_seed("m", "")
+    first = block_hashes("A" * 64 + "B" * 64, seed, block_chars=64)
+    second = block_hashes("C" * 64 + "B" * 64, seed, block_chars=64)
+    assert first[1] != second[1], "the same block after a different prefix must hash differently"
+
+
+def test_block_cap() -> None:
+    assert len(block_hashes("x" * 10_000, 0, block_chars=10, max_blocks=7)) == 7
+    assert block_hashes("short", 0, block_chars=64) == []
+
+
+def test_index_matches_leading_blocks_per_replica() -> None:
+    index = PrefixIndex()
+    for name in ("r0", "r1", "r2"):
+        index.set_capacity(name, 100)
+    blocks = list(range(1, 11))
+    index.insert("r0", blocks[:10])
+    index.insert("r1", blocks[:4])
+    assert index.match(blocks, ["r0", "r1", "r2"]) == {"r0": 10, "r1": 4, "r2": 0}
+    assert index.match([99, *blocks], ["r0", "r1"]) == {"r0": 0, "r1": 0}
+
+
+def test_index_capacity_evicts_tails_first() -> None:
+    index = PrefixIndex()
+    index.set_capacity("r0", 6)
+    index.insert("r0", [1, 2, 3, 4])
+    index.insert("r0", [10, 11, 12, 13])
+    assert index.blocks_held("r0") == 6
+    assert index.match([10, 11, 12, 13], ["r0"]) == {"r0": 4}
+    assert index.match([1, 2, 3, 4], ["r0"]) == {"r0": 2}, "the old prefix keeps its root, loses its tail"
+
+
+def test_feedback_and_restart_correct_the_index() -> None:
+    index = PrefixIndex()
+    index.set_capacity("r0", 100)
+    index.insert("r0", [1, 2, 3, 4, 5])
+    index.forget_after("r0", [1, 2, 3, 4, 5], 2)
+    assert index.match([1, 2, 3, 4, 5], ["r0"]) == {"r0": 2}
+    index.clear("r0")
+    assert index.match([1, 2], ["r0"]) == {"r0": 0}
+    assert index.blocks_held("r0") == 0
