@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -57,10 +58,20 @@ def run(args: argparse.Namespace) -> int:
                 timeout_graceful_shutdown=5,
             )
         )
-        server.run()
+        # uvicorn re-raises the signal that stopped it once it has shut down; make SIGTERM end in an
+        # exception like SIGINT does, so the simulators below are stopped rather than orphaned.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            server.run()
+        except (KeyboardInterrupt, SystemExit):
+            pass
         return 0 if server.started else 1
     finally:
         children.stop_all()
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _start_simulators(
