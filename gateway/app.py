@@ -72,7 +72,9 @@ def build_control_app(state: GatewayState) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         message = "Not found." if exc.status_code == 404 else str(exc.detail)
-        return Response(error_body(exc.status_code, message), status_code=exc.status_code, media_type="application/json")
+        return Response(
+            error_body(exc.status_code, message), status_code=exc.status_code, media_type="application/json"
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -61,10 +62,8 @@ def run(args: argparse.Namespace) -> int:
         # uvicorn re-raises the signal that stopped it once it has shut down; make SIGTERM end in an
         # exception like SIGINT does, so the simulators below are stopped rather than orphaned.
         signal.signal(signal.SIGTERM, _exit_on_signal)
-        try:
+        with contextlib.suppress(KeyboardInterrupt, SystemExit):
             server.run()
-        except (KeyboardInterrupt, SystemExit):
-            pass
         return 0 if server.started else 1
     finally:
         children.stop_all()
@@ -74,9 +73,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _start_simulators(
-    config: GatewayConfig, children: ChildProcesses
-) -> tuple[dict[str, list[str]], dict[str, str]]:
+def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[dict[str, list[str]], dict[str, str]]:
     replica_urls: dict[str, list[str]] = {}
     for pool in config.pools:
         urls = list(pool.replicas)
@@ -91,13 +88,21 @@ def _start_simulators(
             sim = hosted.simulated
             hosted_urls[hosted.name] = children.start(
                 "sim-hosted",
-                ["--model-name", hosted.model, "--ttft-ms", str(sim.ttft_ms), "--tpot-ms", str(sim.tpot_ms),
-                 "--time-scale", str(sim.time_scale)],
+                [
+                    "--model-name",
+                    hosted.model,
+                    "--ttft-ms",
+                    str(sim.ttft_ms),
+                    "--tpot-ms",
+                    str(sim.tpot_ms),
+                    "--time-scale",
+                    str(sim.time_scale),
+                ],
             )
         else:
             assert hosted.api_base is not None
             hosted_urls[hosted.name] = hosted.api_base.removesuffix("/v1").removesuffix("/v1/")
-    simulated = [u for p in config.pools if p.simulated for u in replica_urls[p.name][len(p.replicas):]]
+    simulated = [u for p in config.pools if p.simulated for u in replica_urls[p.name][len(p.replicas) :]]
     simulated += [hosted_urls[h.name] for h in config.hosted_models if h.simulated]
     children.wait_ready(simulated)
     return replica_urls, hosted_urls
