@@ -38,6 +38,14 @@ class Backend:
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     max_total_tokens: int = 0
     last_error: str = ""
+    request_headers: tuple[tuple[bytes, bytes], ...] = ()
+    """Sent with every proxied request: content type, and the provider key for hosted models."""
+
+    def __post_init__(self) -> None:
+        headers = [(b"content-type", b"application/json")]
+        if self.api_key:
+            headers.append((b"authorization", f"Bearer {self.api_key}".encode()))
+        self.request_headers = tuple(headers)
 
     def state(self, now: float) -> BackendState:
         return BackendState(

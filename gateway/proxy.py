@@ -8,6 +8,7 @@ upstream connection and so aborts the generation on the replica.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -16,13 +17,15 @@ from typing import Any
 
 import orjson
 
+from backends.http1 import HttpError, Response
 from backends.registry import Backend
-from backends.upstream import UpstreamError, UpstreamResponse
 from gateway.errors import ApiError, error_body
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
 from policies.types import Decision, NoCandidate, RouteRequest
+
+log = logging.getLogger("spillgate.proxy")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -31,6 +34,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _UPSTREAM_STATUS = {"connect": 502, "protocol": 502, "timeout": 504}
+_FAILURES = {
+    "connect": "could not be reached",
+    "protocol": "broke off or sent an invalid response",
+    "timeout": "sent nothing for longer than the gateway's read timeout",
+}
 _MAX_ATTEMPTS = 2
 
 
@@ -123,7 +131,7 @@ class CompletionsHandler:
             attempt.reason = decision.reason if index == 0 else "fallback"
             try:
                 response = await self._open(backend, parsed)
-            except UpstreamError as exc:
+            except HttpError as exc:
                 error = _upstream_error(exc, name)
                 if exc.kind != "connect":
                     break
@@ -134,26 +142,23 @@ class CompletionsHandler:
         await _send_error(send, attempt, error)
         return "error"
 
-    async def _open(self, backend: Backend, parsed: ParsedRequest) -> UpstreamResponse:
+    async def _open(self, backend: Backend, parsed: ParsedRequest) -> Response:
         payload = parsed.payload
         payload["model"] = backend.served_model
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
-        headers = {"content-type": "application/json"}
-        if backend.api_key:
-            headers["authorization"] = f"Bearer {backend.api_key}"
         backend.in_flight += 1
         try:
             return await self._state.upstream.post(
-                backend.base_url + self._upstream_path, orjson.dumps(payload), headers
+                backend.base_url, self._upstream_path, orjson.dumps(payload), backend.request_headers
             )
         except BaseException:
             backend.in_flight -= 1
             raise
 
     async def _relay(
-        self, response: UpstreamResponse, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
+        self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
     ) -> str:
         try:
             if response.status >= 400:
@@ -165,28 +170,26 @@ class CompletionsHandler:
             response.close()
             backend.in_flight -= 1
 
-    async def _relay_whole(self, response: UpstreamResponse, attempt: Attempt, send: Send) -> str:
+    async def _relay_whole(self, response: Response, attempt: Attempt, send: Send) -> str:
         try:
             body = await response.read()
-        except UpstreamError as exc:
+        except HttpError as exc:
             await _send_error(send, attempt, _upstream_error(exc, attempt.backend))
             return "error"
         await _send_json(send, response.status, _headers(attempt, _JSON_HEADERS), body)
         return "ok"
 
-    async def _relay_stream(
-        self, response: UpstreamResponse, parsed: ParsedRequest, attempt: Attempt, send: Send
-    ) -> str:
+    async def _relay_stream(self, response: Response, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
         await send({"type": "http.response.start", "status": 200, "headers": _headers(attempt, _SSE_HEADERS)})
         relay = EventRelay(strip_usage=not parsed.include_usage)
         try:
-            async for data in response.chunks():
+            async for data in response.iter_bytes():
                 events = relay.feed(data)
                 if events:
                     if not attempt.first_token_at:
                         attempt.first_token_at = time.perf_counter()
                     await send({"type": "http.response.body", "body": events, "more_body": True})
-        except UpstreamError as exc:
+        except HttpError as exc:
             # Headers are gone already: tell the client in-band, the way OpenAI reports mid-stream errors.
             message = _upstream_error(exc, attempt.backend).body()
             await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
@@ -195,10 +198,10 @@ class CompletionsHandler:
         self._observe_tpot(attempt, relay.usage)
         return "ok"
 
-    async def _relay_upstream_error(self, response: UpstreamResponse, attempt: Attempt, send: Send) -> str:
+    async def _relay_upstream_error(self, response: Response, attempt: Attempt, send: Send) -> str:
         try:
             body = await response.read()
-        except UpstreamError:
+        except HttpError:
             body = b""
         if response.status >= 500 or not _is_openai_error(body):
             status = 502 if response.status >= 500 else response.status
@@ -304,8 +307,10 @@ def _is_openai_error(body: bytes) -> bool:
     return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
 
 
-def _upstream_error(exc: UpstreamError, backend: str) -> ApiError:
-    return ApiError(_UPSTREAM_STATUS[exc.kind], f"Backend {backend} failed: {exc}.", code=f"backend_{exc.kind}")
+def _upstream_error(exc: HttpError, backend: str) -> ApiError:
+    """The client learns which backend failed and how, not its address or the socket error."""
+    log.info("backend %s failed: %s", backend, exc)
+    return ApiError(_UPSTREAM_STATUS[exc.kind], f"Backend {backend} {_FAILURES[exc.kind]}.", code=f"backend_{exc.kind}")
 
 
 async def _send_error(send: Send, attempt: Attempt, error: ApiError) -> None:

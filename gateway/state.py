@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
-from backends.upstream import Timeouts, UpstreamClient
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.secrets import resolve_secret
@@ -36,16 +36,15 @@ class GatewayState:
     routes: Mapping[str, Route]
     """Every route under its name and each of its aliases."""
     tenants: TenantDirectory
-    upstream: UpstreamClient
+    upstream: Http1Client
     metrics: GatewayMetrics
 
     async def start(self) -> None:
-        await self.upstream.start()
         await self.registry.start()
 
     async def stop(self) -> None:
         await self.registry.stop()
-        await self.upstream.close()
+        self.upstream.close()
 
 
 def build_state(
@@ -83,6 +82,6 @@ def build_state(
         ),
         routes=routes,
         tenants=TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases),
-        upstream=UpstreamClient(Timeouts(config.timeouts.connect_s, config.timeouts.read_s)),
+        upstream=Http1Client(connect_timeout=config.timeouts.connect_s, read_timeout=config.timeouts.read_s),
         metrics=GatewayMetrics(),
     )
