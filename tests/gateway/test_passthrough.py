@@ -1,0 +1,59 @@
+"""Fields the gateway does not use reach SGLang untouched, and per-backend latencies are measured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.procs import RunningProcess
+
+LONG_SYSTEM = "You answer questions about the shipping manual. " * 60
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """A gateway over one replica, so that cache effects are not spread by routing."""
+    log_dir: Path = tmp_path_factory.mktemp("single")
+    replica = start_replica(log_dir, "--time-scale", "0.02")
+    gateway = start_gateway(gateway_config([replica.url]), log_dir)
+    yield gateway
+    gateway.stop()
+    replica.stop()
+
+
+def cached_tokens(client: openai.OpenAI, question: str, salt: str | None) -> int:
+    extra = {"cache_salt": salt} if salt else {}
+    reply = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": question}],
+        max_tokens=2,
+        extra_body=extra,
+    )
+    return reply.usage.prompt_tokens_details.cached_tokens
+
+
+def test_cache_salt_reaches_the_replica(single: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=single.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    assert cached_tokens(client, "Where is my parcel?", "team-red") == 0
+    warm = cached_tokens(client, "When does it ship?", "team-red")
+    assert warm > 400, "the same salt shares the system prompt's cache"
+    assert cached_tokens(client, "Where is my parcel?", "team-blue") == 0, "another salt shares nothing"
+
+
+def test_latencies_are_measured_per_backend(single: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=single.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    list(
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=16, stream=True
+        )
+    )
+    metrics = httpx.get(single.url + "/metrics").text
+    for name in ("spillgate_ttft_seconds_count", "spillgate_tpot_seconds_count", "spillgate_e2e_seconds_count"):
+        line = next(line for line in metrics.splitlines() if line.startswith(name + '{backend="pool-0"}'))
+        assert float(line.rsplit(" ", 1)[1]) >= 1
+    assert 'spillgate_requests_total{backend="pool-0",outcome="ok",reason="least_load",route="chat"}' in metrics
