@@ -1,0 +1,133 @@
+"""``spillgate sim-replica`` and ``spillgate sim-hosted``: argument parsing and the uvicorn runner."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI
+
+from backends.sim.config import ReplicaConfig
+from backends.sim.hosted import HostedConfig, create_hosted_app
+from backends.sim.presets import PRESETS
+from backends.sim.server import create_app
+
+GRACEFUL_SHUTDOWN_S = 3
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--preset", default="llama-3.1-8b-h100", choices=sorted(PRESETS))
+    parser.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="multiply simulated durations by this (0.01 runs 100x faster than real time)",
+    )
+    parser.add_argument("--model-name", default=None, help="served model name (default: the preset's model)")
+    parser.add_argument("--max-total-tokens", type=int, default=None, help="cap the KV pool, in tokens")
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--chunked-prefill-size", type=int, default=None, help="-1 disables chunked prefill")
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=run_replica)
+
+
+def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model-name", default="frontier-large")
+    parser.add_argument("--ttft-ms", type=float, default=350.0)
+    parser.add_argument("--tpot-ms", type=float, default=12.0)
+    parser.add_argument("--jitter", type=float, default=0.1, help="relative spread of TTFT and TPOT, in [0, 1)")
+    parser.add_argument("--time-scale", type=_positive_float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=run_hosted)
+
+
+def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
+    return ReplicaConfig(
+        preset=args.preset,
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+        model_name=args.model_name,
+        max_total_tokens=args.max_total_tokens,
+        page_size=args.page_size,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
+        seed=args.seed,
+    )
+
+
+def hosted_config_from_args(args: argparse.Namespace) -> HostedConfig:
+    return HostedConfig(
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        ttft_ms=args.ttft_ms,
+        tpot_ms=args.tpot_ms,
+        jitter=args.jitter,
+        time_scale=args.time_scale,
+        seed=args.seed,
+    )
+
+
+class _Server(uvicorn.Server):
+    """Stops generation first on shutdown, so open streams end instead of holding the exit up."""
+
+    def __init__(self, config: uvicorn.Config, stop_generation: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._stop_generation = stop_generation
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._stop_generation is not None:
+            self._stop_generation()
+        await super().shutdown(sockets)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def serve(app: FastAPI, host: str, port: int) -> int:
+    """Run ``app`` until SIGTERM or SIGINT, then shut down gracefully and exit with status 0.
+
+    uvicorn re-raises the signal after its graceful shutdown; the handler installed here turns
+    that (or a signal during startup) into a normal exit instead of death by signal.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    _Server(config, getattr(app.state, "stop_generation", None)).run()
+    return 0
+
+
+def run_replica(args: argparse.Namespace) -> int:
+    config = replica_config_from_args(args)
+    return serve(create_app(config), config.host, config.port)
+
+
+def run_hosted(args: argparse.Namespace) -> int:
+    config = hosted_config_from_args(args)
+    return serve(create_hosted_app(config), config.host, config.port)

@@ -1,0 +1,46 @@
+"""The parts of one simulated SGLang replica, wired together (one per app, no globals)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from backends.sim.chat_template import ChatTemplate
+from backends.sim.clock import VirtualClock
+from backends.sim.config import ReplicaConfig
+from backends.sim.engine import Engine
+from backends.sim.metrics import ReplicaMetrics
+from backends.sim.scheduler import Scheduler
+from backends.sim.tokenizer import Tokenizer
+
+
+class Replica:
+    """Tokenizer, chat template, clock, scheduler, engine and metrics of one replica."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        self.config = config
+        self.started_unix = time.time()
+        self.tokenizer = Tokenizer()
+        self.chat_template = ChatTemplate(self.tokenizer)
+        self.clock = VirtualClock(config.time_scale)
+        self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock)
+        self.metrics = ReplicaMetrics(
+            model_name=config.served_model_name,
+            stats=self.scheduler.stats,
+            static_gauges={
+                "max_total_num_tokens": config.max_total_num_tokens,
+                "page_size": config.page_size,
+                "context_len": config.context_length,
+            },
+        )
+        self.engine = Engine(config, self.scheduler, self.tokenizer, self.metrics)
+
+
+def get_replica(request: Request) -> Replica:
+    """FastAPI dependency: the replica the app was built for."""
+    return request.app.state.replica
+
+
+ReplicaDep = Annotated[Replica, Depends(get_replica)]
