@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -35,6 +36,10 @@ class Backend:
     consecutive_failures: int = 0
     unhealthy_until: float = 0.0
     in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    prefill_tokens_per_s: float = 20000.0
+    max_running: int = 0
+    mean_service_s: float = 0.0
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     max_total_tokens: int = 0
     last_error: str = ""
@@ -47,7 +52,7 @@ class Backend:
             headers.append((b"authorization", f"Bearer {self.api_key}".encode()))
         self.request_headers = tuple(headers)
 
-    def state(self, now: float) -> BackendState:
+    def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
         return BackendState(
             name=self.name,
             kind=self.kind,
@@ -58,7 +63,24 @@ class Backend:
             token_usage=self.load.token_usage,
             cache_hit_rate=self.load.cache_hit_rate,
             max_total_tokens=self.max_total_tokens,
+            prefix_tokens=prefix_tokens,
+            pending_prefill_tokens=self.pending_prefill_tokens,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            max_running=self.max_running,
+            mean_service_s=self.mean_service_s,
         )
+
+    def observe_service_time(self, seconds: float) -> None:
+        """Fold one finished request's end-to-end time into the recent mean."""
+        self.mean_service_s = seconds if not self.mean_service_s else 0.9 * self.mean_service_s + 0.1 * seconds
+
+
+class ReplicaEvents(Protocol):
+    """Told what probes learn, so caches of replica state (the prefix index) stay true."""
+
+    def capacity_known(self, replica: str, max_total_tokens: int) -> None: ...
+
+    def restarted(self, replica: str) -> None: ...
 
 
 class BackendRegistry:
@@ -71,8 +93,10 @@ class BackendRegistry:
         interval_s: float,
         timeout_s: float,
         unhealthy_after: int,
+        events: ReplicaEvents | None = None,
     ) -> None:
         self._backends = {b.name: b for b in backends}
+        self._events = events
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._unhealthy_after = unhealthy_after
@@ -85,9 +109,10 @@ class BackendRegistry:
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._backends.values())
 
-    def snapshot(self, names: Iterable[str]) -> Snapshot:
+    def snapshot(self, names: Iterable[str], prefix_tokens: Mapping[str, int] | None = None) -> Snapshot:
         now = time.monotonic()
-        return Snapshot(tuple(self._backends[n].state(now) for n in names))
+        hits = prefix_tokens or {}
+        return Snapshot(tuple(self._backends[n].state(now, hits.get(n, 0)) for n in names))
 
     def any_healthy(self) -> bool:
         now = time.monotonic()
@@ -134,7 +159,11 @@ class BackendRegistry:
             if backend.max_total_tokens == 0:
                 info = await self._http.get(backend.base_url + "/get_server_info")
                 if info.status_code == 200:
-                    backend.max_total_tokens = int(info.json().get("max_total_num_tokens") or 0)
+                    server_info = info.json()
+                    backend.max_total_tokens = int(server_info.get("max_total_num_tokens") or 0)
+                    backend.max_running = int(server_info.get("max_running_requests") or 0)
+                    if backend.max_total_tokens and self._events is not None:
+                        self._events.capacity_known(backend.name, backend.max_total_tokens)
         except (httpx.HTTPError, ValueError) as exc:
             backend.consecutive_failures += 1
             backend.last_error = f"probe failed: {type(exc).__name__}"
@@ -146,6 +175,8 @@ class BackendRegistry:
             log.info("replica %s is healthy again", backend.name)
             # A restarted replica comes back with an empty cache and possibly a new capacity.
             backend.max_total_tokens = 0
+            if self._events is not None:
+                self._events.restarted(backend.name)
         backend.consecutive_failures = 0
         backend.healthy = True
         backend.unhealthy_until = 0.0

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 @dataclass
 class _ReplicaBlocks:
     bit: int
+    nominal: int
+    """Blocks the replica's KV cache could hold if nothing else competed for it."""
     capacity: int
+    """Blocks we believe it keeps: shrunk when it reports misses the index did not predict."""
     lru: OrderedDict[int, None] = field(default_factory=OrderedDict)
 
 
@@ -30,13 +33,28 @@ class PrefixIndex:
 
     def set_capacity(self, replica: str, blocks: int) -> None:
         """Register ``replica`` or change how many blocks it can hold (from its KV capacity)."""
+        blocks = max(1, blocks)
         entry = self._replicas.get(replica)
         if entry is None:
             bit = _lowest_free_bit(self._names_by_bit)
-            entry = self._replicas[replica] = _ReplicaBlocks(bit=bit, capacity=blocks)
+            entry = self._replicas[replica] = _ReplicaBlocks(bit=bit, nominal=blocks, capacity=blocks)
             self._names_by_bit[bit] = replica
-        entry.capacity = max(1, blocks)
+        entry.nominal = blocks
+        entry.capacity = blocks
         self._evict(entry)
+
+    def penalize(self, replica: str) -> None:
+        """The replica held less than predicted: believe it keeps less, dropping the oldest entries."""
+        entry = self._replicas.get(replica)
+        if entry is not None:
+            entry.capacity = max(entry.nominal // 10, 1, int(entry.capacity * 0.8))
+            self._evict(entry)
+
+    def reward(self, replica: str) -> None:
+        """The replica held what was predicted: let the believed capacity creep back to nominal."""
+        entry = self._replicas.get(replica)
+        if entry is not None and entry.capacity < entry.nominal:
+            entry.capacity = min(entry.nominal, entry.capacity + max(1, entry.nominal // 50))
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         """How many leading blocks of ``hashes`` each of ``replicas`` holds."""
@@ -90,6 +108,10 @@ class PrefixIndex:
     def blocks_held(self, replica: str) -> int:
         entry = self._replicas.get(replica)
         return len(entry.lru) if entry else 0
+
+    def believed_capacity(self, replica: str) -> int:
+        entry = self._replicas.get(replica)
+        return entry.capacity if entry else 0
 
     def _evict(self, entry: _ReplicaBlocks) -> None:
         while len(entry.lru) > entry.capacity:

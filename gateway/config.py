@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
 
-PolicyName = Literal["round_robin", "least_load"]
+PolicyName = Literal["round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
 
 
@@ -65,6 +65,7 @@ class PoolConfig(Strict):
     replicas: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=list)
     simulated: SimulatedReplicas | None = None
     context_window: int = Field(default=131072, gt=0)
+    prefill_tokens_per_s: float = Field(default=20000.0, gt=0, description="uncached prompt tokens/s, for TTFT")
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
@@ -115,6 +116,13 @@ class TenantConfig(Strict):
     routes: list[str] = Field(default_factory=lambda: ["*"])
 
 
+class PrefixConfig(Strict):
+    """How prompts are fingerprinted for prefix-cache-aware routing."""
+
+    block_chars: int = Field(default=256, ge=16, le=65536)
+    max_blocks: int = Field(default=512, ge=1, le=16384)
+
+
 class AuthConfig(Strict):
     required: bool = True
 
@@ -125,6 +133,7 @@ class GatewayConfig(Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
     auth: AuthConfig = AuthConfig()
+    prefix: PrefixConfig = PrefixConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     hosted_models: list[HostedModelConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(min_length=1)

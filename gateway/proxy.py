@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -20,6 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.errors import ApiError, error_body
+from gateway.prefix import Fingerprint
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -53,6 +54,12 @@ class Attempt:
     reason: str = "-"
     outcome: str = "error"
     first_token_at: float = 0.0
+    usage: dict[str, Any] | None = None
+    fingerprint: Fingerprint | None = None
+    matched_blocks: dict[str, int] = field(default_factory=dict)
+    prefix_tokens: dict[str, int] = field(default_factory=dict)
+    pending_prefill: int = 0
+    """Uncached prompt tokens booked on the backend until its first token arrives."""
 
 
 class CompletionsHandler:
@@ -61,7 +68,8 @@ class CompletionsHandler:
     def __init__(self, state: GatewayState, upstream_path: str) -> None:
         self._state = state
         self._upstream_path = upstream_path
-        self._parse = parse_chat_request if upstream_path.endswith("chat/completions") else parse_completion_request
+        self._chat = upstream_path.endswith("chat/completions")
+        self._parse = parse_chat_request if self._chat else parse_completion_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         attempt = Attempt(request_id=_request_id(scope), started=time.perf_counter())
@@ -88,6 +96,8 @@ class CompletionsHandler:
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
         attempt.route = route.name
+        if route.policy.uses_prefix:
+            self._match_prefix(parsed, route, tenant.name, attempt)
         request = RouteRequest(
             tenant=tenant.name,
             route=route.name,
@@ -95,9 +105,10 @@ class CompletionsHandler:
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
             sequence=route.next_sequence(),
+            prefix_key=attempt.fingerprint.prefix_key if attempt.fingerprint else 0,
         )
         try:
-            decision = route.policy.decide(request, state.registry.snapshot(route.targets))
+            decision = route.policy.decide(request, state.registry.snapshot(route.targets, attempt.prefix_tokens))
         except NoCandidate as exc:
             raise ApiError(
                 503,
@@ -106,6 +117,17 @@ class CompletionsHandler:
                 headers={"retry-after": "1"},
             ) from None
         return parsed, route, decision
+
+    def _match_prefix(self, parsed: ParsedRequest, route: Route, tenant: str, attempt: Attempt) -> None:
+        """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds."""
+        prefix = self._state.prefix
+        fingerprint = prefix.fingerprint(parsed.payload, chat=self._chat, model=route.name, salt=tenant)
+        attempt.fingerprint = fingerprint
+        attempt.matched_blocks = prefix.matched_blocks(fingerprint, route.targets)
+        per_block = prefix.tokens_per_block
+        attempt.prefix_tokens = {
+            name: min(blocks * per_block, parsed.prompt_tokens) for name, blocks in attempt.matched_blocks.items()
+        }
 
     async def _forward(
         self, parsed: ParsedRequest, route: Route, decision: Decision, attempt: Attempt, receive: Receive, send: Send
@@ -130,7 +152,7 @@ class CompletionsHandler:
             attempt.backend = name
             attempt.reason = decision.reason if index == 0 else "fallback"
             try:
-                response = await self._open(backend, parsed)
+                response = await self._open(backend, parsed, attempt)
             except HttpError as exc:
                 error = _upstream_error(exc, name)
                 if exc.kind != "connect":
@@ -142,20 +164,47 @@ class CompletionsHandler:
         await _send_error(send, attempt, error)
         return "error"
 
-    async def _open(self, backend: Backend, parsed: ParsedRequest) -> Response:
+    async def _open(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> Response:
         payload = parsed.payload
         payload["model"] = backend.served_model
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
-        backend.in_flight += 1
+        self._book(backend, parsed, attempt)
         try:
             return await self._state.upstream.post(
                 backend.base_url, self._upstream_path, orjson.dumps(payload), backend.request_headers
             )
         except BaseException:
-            backend.in_flight -= 1
+            self._settle(backend, attempt, prefilled=False)
             raise
+
+    def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
+        """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
+        backend.in_flight += 1
+        attempt.pending_prefill = max(0, parsed.prompt_tokens - attempt.prefix_tokens.get(backend.name, 0))
+        backend.pending_prefill_tokens += attempt.pending_prefill
+        if attempt.fingerprint is not None:
+            self._state.prefix.dispatched(backend.name, attempt.fingerprint)
+
+    def _first_token(self, backend: Backend, attempt: Attempt) -> None:
+        attempt.first_token_at = time.perf_counter()
+        backend.pending_prefill_tokens -= attempt.pending_prefill
+        attempt.pending_prefill = 0
+
+    def _settle(self, backend: Backend, attempt: Attempt, *, prefilled: bool) -> None:
+        """Undo :meth:`_book` and feed what the backend reported back into the prefix index."""
+        backend.in_flight -= 1
+        backend.pending_prefill_tokens -= attempt.pending_prefill
+        attempt.pending_prefill = 0
+        fingerprint = attempt.fingerprint
+        if fingerprint is None:
+            return
+        predicted = attempt.matched_blocks.get(backend.name, 0)
+        if not prefilled:
+            self._state.prefix.failed(backend.name, fingerprint, predicted)
+        elif attempt.usage is not None:
+            self._state.prefix.observed(backend.name, fingerprint, predicted, attempt.usage)
 
     async def _relay(
         self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
@@ -164,22 +213,26 @@ class CompletionsHandler:
             if response.status >= 400:
                 return await self._relay_upstream_error(response, attempt, send)
             if parsed.stream:
-                return await self._relay_stream(response, parsed, attempt, send)
-            return await self._relay_whole(response, attempt, send)
+                return await self._relay_stream(response, backend, parsed, attempt, send)
+            return await self._relay_whole(response, backend, attempt, send)
         finally:
             response.close()
-            backend.in_flight -= 1
+            self._settle(backend, attempt, prefilled=bool(attempt.first_token_at))
 
-    async def _relay_whole(self, response: Response, attempt: Attempt, send: Send) -> str:
+    async def _relay_whole(self, response: Response, backend: Backend, attempt: Attempt, send: Send) -> str:
         try:
             body = await response.read()
         except HttpError as exc:
             await _send_error(send, attempt, _upstream_error(exc, attempt.backend))
             return "error"
+        self._first_token(backend, attempt)
+        attempt.usage = _usage_of(body)
         await _send_json(send, response.status, _headers(attempt, _JSON_HEADERS), body)
         return "ok"
 
-    async def _relay_stream(self, response: Response, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
+    async def _relay_stream(
+        self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
+    ) -> str:
         await send({"type": "http.response.start", "status": 200, "headers": _headers(attempt, _SSE_HEADERS)})
         relay = EventRelay(strip_usage=not parsed.include_usage)
         try:
@@ -187,7 +240,7 @@ class CompletionsHandler:
                 events = relay.feed(data)
                 if events:
                     if not attempt.first_token_at:
-                        attempt.first_token_at = time.perf_counter()
+                        self._first_token(backend, attempt)
                     await send({"type": "http.response.body", "body": events, "more_body": True})
         except HttpError as exc:
             # Headers are gone already: tell the client in-band, the way OpenAI reports mid-stream errors.
@@ -195,7 +248,8 @@ class CompletionsHandler:
             await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
             return "error"
         await send({"type": "http.response.body", "body": relay.flush()})
-        self._observe_tpot(attempt, relay.usage)
+        attempt.usage = relay.usage
+        self._observe_tpot(attempt)
         return "ok"
 
     async def _relay_upstream_error(self, response: Response, attempt: Attempt, send: Send) -> str:
@@ -211,8 +265,8 @@ class CompletionsHandler:
         await _send_json(send, status, _headers(attempt, _JSON_HEADERS), body)
         return "backend_error" if status >= 500 else "client_error"
 
-    def _observe_tpot(self, attempt: Attempt, usage: dict[str, Any] | None) -> None:
-        tokens = (usage or {}).get("completion_tokens")
+    def _observe_tpot(self, attempt: Attempt) -> None:
+        tokens = (attempt.usage or {}).get("completion_tokens")
         if isinstance(tokens, int) and tokens > 1 and attempt.first_token_at:
             tpot = (time.perf_counter() - attempt.first_token_at) / (tokens - 1)
             self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
@@ -221,8 +275,9 @@ class CompletionsHandler:
         metrics = self._state.metrics
         metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
         if attempt.outcome == "ok":
-            now = time.perf_counter()
-            metrics.e2e.labels(attempt.backend).observe(now - attempt.started)
+            e2e = time.perf_counter() - attempt.started
+            metrics.e2e.labels(attempt.backend).observe(e2e)
+            self._state.registry[attempt.backend].observe_service_time(e2e)
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
 
@@ -297,6 +352,15 @@ def _headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[by
         (b"x-spillgate-backend", attempt.backend.encode()),
         (b"x-spillgate-reason", attempt.reason.encode()),
     ]
+
+
+def _usage_of(body: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 def _is_openai_error(body: bytes) -> bool:

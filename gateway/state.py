@@ -10,10 +10,14 @@ from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
+from gateway.prefix import PrefixTracker
 from gateway.secrets import resolve_secret
 from gateway.tenants import TenantDirectory
 from policies.engine import Policy
 from policies.registry import build_policy
+
+_ASSUMED_KV_TOKENS = 200_000
+"""Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""
 
 
 @dataclass
@@ -38,6 +42,7 @@ class GatewayState:
     tenants: TenantDirectory
     upstream: Http1Client
     metrics: GatewayMetrics
+    prefix: PrefixTracker
 
     async def start(self) -> None:
         await self.registry.start()
@@ -55,7 +60,13 @@ def build_state(
     members: dict[str, list[str]] = {}
     for pool in config.pools:
         pool_backends = [
-            Backend(f"{pool.name}-{index}", "replica", url.rstrip("/"), pool.served_model)
+            Backend(
+                f"{pool.name}-{index}",
+                "replica",
+                url.rstrip("/"),
+                pool.served_model,
+                prefill_tokens_per_s=pool.prefill_tokens_per_s,
+            )
             for index, url in enumerate(replica_urls[pool.name])
         ]
         backends += pool_backends
@@ -72,6 +83,10 @@ def build_state(
             routes[name] = route
 
     aliases = {name: route.name for name, route in routes.items()}
+    prefix = PrefixTracker(block_chars=config.prefix.block_chars, max_blocks=config.prefix.max_blocks)
+    for backend in backends:
+        if backend.kind == "replica":
+            prefix.capacity_known(backend.name, _ASSUMED_KV_TOKENS)
     return GatewayState(
         config=config,
         registry=BackendRegistry(
@@ -79,7 +94,9 @@ def build_state(
             interval_s=config.health.interval_s,
             timeout_s=config.health.timeout_s,
             unhealthy_after=config.health.unhealthy_after,
+            events=prefix,
         ),
+        prefix=prefix,
         routes=routes,
         tenants=TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases),
         upstream=Http1Client(connect_timeout=config.timeouts.connect_s, read_timeout=config.timeouts.read_s),

@@ -18,13 +18,19 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
-    """Scores a candidate in [0, 1]; higher is better."""
+    """Scores every candidate at once in [0, 1], higher is better; at once so scores can be relative."""
 
-    def score(self, request: RouteRequest, backend: BackendState, snapshot: Snapshot) -> float: ...
+    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]: ...
 
 
 class Picker(Protocol):
     def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]: ...
+
+
+class Reasoner(Protocol):
+    """Names why the chosen backend won, for ``x-spillgate-reason`` and the metrics."""
+
+    def reason(self, request: RouteRequest, chosen: BackendState) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +39,35 @@ class WeightedScorer:
     weight: float
 
 
+@dataclass(frozen=True, slots=True)
+class FixedReason:
+    name: str
+
+    def reason(self, request: RouteRequest, chosen: BackendState) -> str:
+        return self.name
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
+    reasoner: Reasoner
+    uses_prefix: bool = False
+    """Whether decisions read prefix-cache state, so the gateway fingerprints prompts only when needed."""
 
     def decide(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
         candidates = [b for b in snapshot.backends if all(f.keep(request, b) for f in self.filters)]
         if not candidates:
             raise NoCandidate(f"no healthy backend for route {request.route!r}")
-        scored = [(sum(s.weight * s.scorer.score(request, b, snapshot) for s in self.scorers), b) for b in candidates]
-        ranked = self.picker.rank(request, scored)
-        return Decision(backend=ranked[0].name, reason=self.name, ranked=tuple(b.name for b in ranked))
+        totals = [0.0] * len(candidates)
+        for weighted in self.scorers:
+            for index, score in enumerate(weighted.scorer.scores(request, candidates)):
+                totals[index] += weighted.weight * score
+        ranked = self.picker.rank(request, list(zip(totals, candidates, strict=True)))
+        return Decision(
+            backend=ranked[0].name,
+            reason=self.reasoner.reason(request, ranked[0]),
+            ranked=tuple(b.name for b in ranked),
+        )

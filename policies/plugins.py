@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.types import BackendState, RouteRequest, Snapshot
+import xxhash
+
+from policies.types import BackendState, RouteRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +24,48 @@ class HealthyFilter:
 class LeastLoadScorer:
     """Prefers the backend with the fewest requests in flight or queued, relative to the busiest one."""
 
-    def score(self, request: RouteRequest, backend: BackendState, snapshot: Snapshot) -> float:
-        busiest = max(b.load for b in snapshot.backends)
-        return 1.0 - backend.load / busiest if busiest else 1.0
+    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
+        busiest = max(b.load for b in candidates)
+        return [1.0 - b.load / busiest if busiest else 1.0 for b in candidates]
+
+
+def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
+    """Seconds to the first token on ``backend``: waiting for a slot, prefill queued ahead, our uncached prompt.
+
+    Prefill ahead is the gateway's own count of uncached prompt tokens still in prefill there (fresh and
+    exact for our traffic). A request beyond the replica's running slots (or queued by the replica itself)
+    waits for a running one to finish: its share of a mean service time per slot.
+    """
+    uncached = max(0, request.prompt_tokens - backend.prefix_tokens)
+    prefill = (backend.pending_prefill_tokens + uncached) / backend.prefill_tokens_per_s
+    over = backend.queued
+    if backend.max_running:
+        over = max(over, backend.in_flight + 1 - backend.max_running)
+    slot_wait = over * backend.mean_service_s / max(1, backend.max_running) if over > 0 else 0.0
+    return prefill + slot_wait
+
+
+@dataclass(frozen=True, slots=True)
+class PredictedTTFTScorer:
+    """Prefers the lowest predicted TTFT; a warm replica wins until its queue costs more than a cold prefill.
+
+    That crossover is what spreads a hot prefix: once its replica is busy enough, a cold replica's full
+    prefill is predicted faster, the request goes there, and the prefix is replicated.
+    """
+
+    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
+        predictions = [predicted_ttft(request, b) for b in candidates]
+        best = min(predictions)
+        return [best / p if p > 0 else 1.0 for p in predictions]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHitScorer:
+    """Prefers the backend holding more of the prompt: a tie-breaker that keeps equal-TTFT choices warm."""
+
+    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
+        total = max(1, request.prompt_tokens)
+        return [min(1.0, b.prefix_tokens / total) for b in candidates]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +85,57 @@ class RotatingPicker:
     def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]:
         count = len(scored)
         return [scored[(i + request.sequence) % count][1] for i in range(count)]
+
+
+@dataclass(frozen=True, slots=True)
+class PowerOfTwoPicker:
+    """Two candidates drawn by the request's sequence number; the less loaded one goes first."""
+
+    def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]:
+        backends = [b for _, b in scored]
+        if len(backends) < 2:
+            return backends
+        draw = xxhash.xxh3_64_intdigest(request.sequence.to_bytes(8, "little"))
+        first = draw % len(backends)
+        second = (first + 1 + (draw >> 32) % (len(backends) - 1)) % len(backends)
+        pair = sorted((backends[first], backends[second]), key=lambda b: b.load)
+        return pair + [b for b in backends if b not in pair]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsistentHashPicker:
+    """The backend owning the prompt's leading prefix on a hash ring: affinity without any shared state."""
+
+    virtual_nodes: int = 64
+
+    def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]:
+        by_name = {b.name: b for _, b in scored}
+        points, owners = _hash_ring(tuple(by_name), self.virtual_nodes)
+        start = bisect.bisect(points, request.prefix_key)
+        ordered: list[str] = []
+        for offset in range(len(owners)):
+            name = owners[(start + offset) % len(owners)]
+            if name not in ordered:
+                ordered.append(name)
+                if len(ordered) == len(by_name):
+                    break
+        return [by_name[name] for name in ordered]
+
+
+@functools.lru_cache(maxsize=256)
+def _hash_ring(names: tuple[str, ...], virtual_nodes: int) -> tuple[list[int], list[str]]:
+    """Ring positions and their owners; memoized because candidate sets repeat request after request."""
+    nodes = sorted(
+        (xxhash.xxh3_64_intdigest(f"{name}#{i}".encode()), name) for name in names for i in range(virtual_nodes)
+    )
+    return [point for point, _ in nodes], [name for _, name in nodes]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixReason:
+    """``prefix_hit`` when the chosen backend already holds part of the prompt, else ``fallback_reason``."""
+
+    fallback_reason: str
+
+    def reason(self, request: RouteRequest, chosen: BackendState) -> str:
+        return "prefix_hit" if chosen.prefix_tokens > 0 else self.fallback_reason

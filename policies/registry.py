@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-from policies.engine import Policy, WeightedScorer
-from policies.plugins import BestScorePicker, HealthyFilter, LeastLoadScorer, RotatingPicker
+from policies.engine import FixedReason, Policy, WeightedScorer
+from policies.plugins import (
+    BestScorePicker,
+    ConsistentHashPicker,
+    HealthyFilter,
+    LeastLoadScorer,
+    PowerOfTwoPicker,
+    PredictedTTFTScorer,
+    PrefixHitScorer,
+    PrefixReason,
+    RotatingPicker,
+)
+
+POLICY_NAMES = ("round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware")
 
 
 def build_policy(name: str) -> Policy:
     """Assemble the named policy from plug-ins; raise ``KeyError`` for an unknown name."""
+    healthy = (HealthyFilter(),)
     if name == "round_robin":
-        return Policy(name, (HealthyFilter(),), (), RotatingPicker())
+        return Policy(name, healthy, (), RotatingPicker(), FixedReason(name))
     if name == "least_load":
-        return Policy(name, (HealthyFilter(),), (WeightedScorer(LeastLoadScorer(), 1.0),), BestScorePicker())
+        return Policy(name, healthy, (WeightedScorer(LeastLoadScorer(), 1.0),), BestScorePicker(), FixedReason(name))
+    if name == "power_of_two":
+        return Policy(name, healthy, (), PowerOfTwoPicker(), FixedReason(name))
+    if name == "consistent_hash":
+        return Policy(name, healthy, (), ConsistentHashPicker(), FixedReason(name), uses_prefix=True)
+    if name == "cache_aware":
+        scorers = (WeightedScorer(PredictedTTFTScorer(), 1.0), WeightedScorer(PrefixHitScorer(), 0.01))
+        return Policy(name, healthy, scorers, BestScorePicker(), PrefixReason("least_ttft"), uses_prefix=True)
     raise KeyError(name)
-
-
-POLICY_NAMES = ("round_robin", "least_load")

@@ -19,6 +19,8 @@ class RouteRequest:
     stream: bool
     sequence: int = 0
     """A per-route counter the gateway assigns, so rotating policies stay pure functions."""
+    prefix_key: int = 0
+    """Hash of the prompt's first prefix blocks (0 when too short), for prefix-affine hashing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,15 @@ class BackendState:
     token_usage: float = 0.0
     cache_hit_rate: float = 0.0
     max_total_tokens: int = 0
+    prefix_tokens: int = 0
+    """How many leading prompt tokens this backend probably holds in its prefix cache (from the index)."""
+    pending_prefill_tokens: int = 0
+    """Uncached prompt tokens the gateway sent here that have not produced a first token yet."""
+    prefill_tokens_per_s: float = 20000.0
+    max_running: int = 0
+    """Requests the replica runs at once (SGLang's ``max_running_requests``); 0 when unknown."""
+    mean_service_s: float = 0.0
+    """Recent mean end-to-end time of requests the gateway sent here."""
 
     @property
     def load(self) -> int:

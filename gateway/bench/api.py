@@ -1,0 +1,140 @@
+"""The Python entry point: ``await run_bench(config)`` runs every level of a config and returns the figures.
+
+Comparison scripts call this directly; the CLI is a thin layer over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.bench import arrivals, text
+from gateway.bench.client import ChatClient, RequestResult, api_paths
+from gateway.bench.config import BenchConfig
+from gateway.bench.progress import Progress
+from gateway.bench.runner import Load, run_level
+from gateway.bench.stats import Slo, Summary, summarize
+from gateway.bench.trace import TraceRecord, arrival_offsets, load_trace
+from gateway.bench.workloads import build_workload
+
+_DRAIN_MARGIN_S = 5.0
+
+
+class BenchError(Exception):
+    """The run could not start (bad config, unreadable trace, no model to send to)."""
+
+
+@dataclass
+class LevelResult:
+    """One row of the report: a concurrency level, the open-loop rate or the trace replay."""
+
+    label: str
+    concurrency: int | None
+    rate: float | None
+    summary: Summary
+    results: list[RequestResult] = field(repr=False)
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    model: str
+    started_at: str
+    levels: list[LevelResult]
+    interrupted: bool
+
+
+async def run_bench(
+    config: BenchConfig, *, stop: asyncio.Event | None = None, progress: Progress | None = None
+) -> BenchResult:
+    """Run ``config``: one level, or one per concurrency of a sweep. Setting ``stop`` ends it early with the
+    figures so far (``interrupted`` is then true and later sweep levels are skipped)."""
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise BenchError(str(exc)) from exc
+    stop = stop or asyncio.Event()
+    records: list[TraceRecord] | None = None
+    if config.trace_path is not None:
+        try:
+            records = load_trace(config.trace_path)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from exc
+    model = config.model or await discover_model(config)
+    started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    client = ChatClient(
+        config.url,
+        model=model,
+        api_key=config.api_key,
+        request_timeout=config.request_timeout_s,
+        connect_timeout=config.connect_timeout_s,
+    )
+    slo = Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms)
+    levels: list[LevelResult] = []
+    try:
+        for index, concurrency in enumerate(config.levels()):
+            if stop.is_set():
+                break
+            levels.append(await _run_one(config, index, concurrency, records, client, stop, slo, progress))
+    finally:
+        client.close()
+    return BenchResult(config=config, model=model, started_at=started_at, levels=levels, interrupted=stop.is_set())
+
+
+async def _run_one(
+    config: BenchConfig,
+    index: int,
+    concurrency: int | None,
+    records: list[TraceRecord] | None,
+    client: ChatClient,
+    stop: asyncio.Event,
+    slo: Slo,
+    progress: Progress | None,
+) -> LevelResult:
+    # A fresh salt per level: a sweep's later levels must not find the earlier levels' prompts cached.
+    salt = f"{config.seed}:{index}"
+    limited = config.num_requests is not None or config.duration_s is not None
+    workload = build_workload(config, salt, cycle=limited, records=records)
+    if concurrency is not None:
+        label, schedule = f"c={concurrency}", None
+    elif config.rate is not None:
+        label, schedule = f"rate={config.rate:g}/s", arrivals.poisson_offsets(config.rate, text.rng_for(salt, "arrivals"))
+    else:
+        label, schedule = f"trace x{config.trace_speedup:g}", arrival_offsets(records or [], config.trace_speedup)
+    load = Load(
+        concurrency=concurrency,
+        arrivals=schedule,
+        num_requests=config.num_requests,
+        duration_s=config.duration_s,
+        drain_s=config.request_timeout_s + _DRAIN_MARGIN_S,
+    )
+    on_tick = None
+    if progress is not None:
+        total = config.num_requests if limited else workload.natural_size
+        if records is not None and total is not None:
+            total = min(total, len(records))  # a trace is never repeated
+        progress.start(label, total=total, duration_s=config.duration_s)
+        on_tick = progress.tick
+    try:
+        run = await run_level(client, workload, load, stop, on_tick)
+    finally:
+        if progress is not None:
+            progress.finish()
+    summary = summarize(run.results, duration_s=run.duration_s, unfinished=run.unfinished, slo=slo)
+    return LevelResult(label=label, concurrency=concurrency, rate=config.rate, summary=summary, results=run.results)
+
+
+async def discover_model(config: BenchConfig) -> str:
+    """The first model ``GET /v1/models`` lists, for runs that did not name one."""
+    base, _ = api_paths(config.url)
+    headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=config.connect_timeout_s) as http:
+            response = await http.get(base + "/v1/models", headers=headers)
+            response.raise_for_status()
+            return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise BenchError(f"cannot list models at {base}/v1/models ({exc}); pass --model") from exc

@@ -1,0 +1,129 @@
+"""What one benchmark run does: target, workload and its knobs, load shape, limits and SLOs.
+
+One frozen value so the CLI, the Python API and the JSON report all describe a run the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+WORKLOADS = ("gsp", "chat", "agent")
+TRACE_PREFIX = "trace:"
+
+
+@dataclass(frozen=True)
+class GspKnobs:
+    """SGLang's generated-shared-prefix benchmark: groups of questions behind one long system prompt."""
+
+    groups: int = 64
+    prompts_per_group: int = 16
+    system_tokens: int = 2048
+    question_tokens: int = 128
+    output_tokens: int = 256
+
+
+@dataclass(frozen=True)
+class ChatKnobs:
+    """Multi-turn sessions: each turn resends the whole conversation so far plus a new user message."""
+
+    sessions: int = 32
+    turns: int = 6
+    user_tokens: int = 256
+    output_tokens: int = 128
+
+
+@dataclass(frozen=True)
+class AgentKnobs:
+    """Agent loops: one long tool-definition prefix shared by every session, then short steps."""
+
+    sessions: int = 16
+    steps: int = 8
+    tool_tokens: int = 4096
+    step_tokens: int = 64
+    output_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A benchmark run. ``workload`` is ``gsp``, ``chat``, ``agent`` or ``trace:PATH``.
+
+    Load shape: ``rate`` (open loop, Poisson), or ``concurrency`` (closed loop; several levels make a
+    sweep), or neither for a trace (replayed on its own timestamps divided by ``trace_speedup``).
+    Limits per level: ``num_requests`` and/or ``duration_s``; with neither, the workload's natural size.
+    """
+
+    url: str
+    workload: str = "gsp"
+    api_key: str | None = None
+    model: str | None = None
+    rate: float | None = None
+    concurrency: tuple[int, ...] = ()
+    duration_s: float | None = None
+    num_requests: int | None = None
+    trace_speedup: float = 1.0
+    slo_ttft_ms: float = 1000.0
+    slo_tpot_ms: float = 50.0
+    seed: int = 0
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    gsp: GspKnobs = field(default_factory=GspKnobs)
+    chat: ChatKnobs = field(default_factory=ChatKnobs)
+    agent: AgentKnobs = field(default_factory=AgentKnobs)
+
+    @property
+    def trace_path(self) -> str | None:
+        return self.workload[len(TRACE_PREFIX) :] if self.workload.startswith(TRACE_PREFIX) else None
+
+    @property
+    def workload_kind(self) -> str:
+        return "trace" if self.trace_path is not None else self.workload
+
+    @property
+    def mode(self) -> str:
+        """``rate``, ``concurrency`` or ``trace`` (replay on the trace's own clock)."""
+        if self.rate is not None:
+            return "rate"
+        if self.concurrency:
+            return "concurrency"
+        return "trace"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that cannot work."""
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url must be an http(s) URL, got {self.url!r}")
+        if self.workload not in WORKLOADS and not self.trace_path:
+            raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)} or trace:PATH, got {self.workload!r}")
+        if self.rate is not None and self.concurrency:
+            raise ValueError("--rate and --concurrency are exclusive")
+        if self.rate is None and not self.concurrency and self.trace_path is None:
+            raise ValueError("pass --rate (open loop) or --concurrency (closed loop); only traces replay on their own")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError("--rate must be positive")
+        if any(level < 1 for level in self.concurrency):
+            raise ValueError("--concurrency levels must be at least 1")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError("--duration must be positive")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError("--num-requests must be at least 1")
+        if self.trace_speedup <= 0:
+            raise ValueError("--trace-speedup must be positive")
+        if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        for knobs in (self.gsp, self.chat, self.agent):
+            for knob in dataclasses.fields(knobs):
+                if getattr(knobs, knob.name) < 1:
+                    raise ValueError(f"{type(knobs).__name__}.{knob.name} must be at least 1")
+
+    def levels(self) -> list[int | None]:
+        """One entry per run: the concurrency levels of a sweep, or a single ``None`` for open loop."""
+        return list(self.concurrency) if self.concurrency else [None]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config for the JSON report, without the API key."""
+        data = dataclasses.asdict(self)
+        data["api_key"] = "***" if self.api_key else None
+        data["concurrency"] = list(self.concurrency)
+        data["mode"] = self.mode
+        return data

@@ -1,0 +1,247 @@
+"""The requests a run sends: gsp, chat, agent and trace workloads behind one small interface.
+
+Independent requests (gsp, trace) come from lazy generators so a long run never holds every prompt.
+Conversations (chat, agent) depend on earlier replies: a session's next turn exists only once its previous
+turn has answered, so ``next()`` may wait for a ready session, and ``finished()`` feeds the reply back.
+Every text is derived from ``salt`` (seed and level), so a run is reproducible and sweep levels do not warm
+each other's prefix caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Protocol
+
+from gateway.bench import text
+from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from gateway.bench.trace import PromptBuilder, TraceRecord
+
+Message = dict[str, str]
+_JSON_CHARS_PER_TOKEN = 3.3  # JSON's quotes and punctuation make its tokens shorter than prose's ~4 characters
+
+
+@dataclass
+class Conversation:
+    """One chat or agent session: the messages so far and how many turns have been answered."""
+
+    id: int
+    messages: list[Message]
+    turns: int = 0
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One chat completion to send; ``session`` is set when the reply must be fed back."""
+
+    messages: list[Message]
+    max_tokens: int
+    session: Conversation | None = field(default=None, repr=False)
+
+
+class Workload(Protocol):
+    natural_size: int
+    """Requests in one pass over the workload (gsp: groups x prompts; chat: sessions x turns; trace: records)."""
+
+    async def next(self) -> RequestSpec | None:
+        """The next request, waiting for a ready session if need be; ``None`` once the workload is spent."""
+        ...
+
+    def finished(self, spec: RequestSpec, reply: str | None) -> None:
+        """``spec`` is done: ``reply`` is the assistant's text, or ``None`` when it failed or was cut short."""
+        ...
+
+
+class IndependentWorkload:
+    """Requests that depend on nothing: taken from an iterator in order."""
+
+    def __init__(self, requests: Iterator[RequestSpec], natural_size: int) -> None:
+        self._requests = requests
+        self.natural_size = natural_size
+
+    async def next(self) -> RequestSpec | None:
+        return next(self._requests, None)
+
+    def finished(self, spec: RequestSpec, reply: str | None) -> None:
+        return None
+
+
+class SessionWorkload:
+    """Interleaved conversations: ready sessions queue up, and a turn's reply makes its session ready again.
+
+    A failed turn ends its session (there is no reply to continue from). With ``cycle`` an ended session is
+    replaced by a fresh one, so the number of live sessions stays constant for as long as the run lasts.
+    """
+
+    def __init__(
+        self,
+        *,
+        sessions: int,
+        turns: int,
+        output_tokens: int,
+        opening: Callable[[int], list[Message]],
+        follow_up: Callable[[int, int], Message],
+        cycle: bool,
+    ) -> None:
+        self.natural_size = sessions * turns
+        self._turns = turns
+        self._output_tokens = output_tokens
+        self._opening = opening
+        self._follow_up = follow_up
+        self._cycle = cycle
+        self._ready: asyncio.Queue[Conversation | None] = asyncio.Queue()
+        self._ids = count()
+        self._live = 0
+        for _ in range(sessions):
+            self._open()
+
+    def _open(self) -> None:
+        session_id = next(self._ids)
+        self._live += 1
+        self._ready.put_nowait(Conversation(session_id, self._opening(session_id)))
+
+    async def next(self) -> RequestSpec | None:
+        session = await self._ready.get()
+        if session is None:
+            self._ready.put_nowait(None)  # wake the next waiter too
+            return None
+        return RequestSpec(list(session.messages), self._output_tokens, session)
+
+    def finished(self, spec: RequestSpec, reply: str | None) -> None:
+        session = spec.session
+        if session is None:
+            return
+        session.turns += 1
+        if reply is not None and session.turns < self._turns:
+            session.messages.append({"role": "assistant", "content": reply})
+            session.messages.append(self._follow_up(session.id, session.turns))
+            self._ready.put_nowait(session)
+            return
+        self._live -= 1
+        if self._cycle:
+            self._open()
+        elif self._live == 0:
+            self._ready.put_nowait(None)
+
+
+# Workload builders -------------------------------------------------------------------------------------
+
+
+def gsp_workload(knobs: GspKnobs, salt: str, cycle: bool) -> IndependentWorkload:
+    """Each group's system prompt is shared by its questions; requests interleave groups in a seeded order.
+
+    A second pass (``cycle``) asks new questions behind the same system prompts.
+    """
+    systems = [text.text(text.rng_for(salt, "gsp-system", group), knobs.system_tokens) for group in range(knobs.groups)]
+    size = knobs.groups * knobs.prompts_per_group
+
+    def requests() -> Iterator[RequestSpec]:
+        for epoch in count() if cycle else range(1):
+            order = list(range(size))
+            text.rng_for(salt, "gsp-order", epoch).shuffle(order)
+            for index in order:
+                question = text.text(text.rng_for(salt, "gsp-question", epoch, index), knobs.question_tokens)
+                messages = [
+                    {"role": "system", "content": systems[index // knobs.prompts_per_group]},
+                    {"role": "user", "content": question},
+                ]
+                yield RequestSpec(messages, knobs.output_tokens)
+
+    return IndependentWorkload(requests(), size)
+
+
+def chat_workload(knobs: ChatKnobs, salt: str, cycle: bool) -> SessionWorkload:
+    def user(session: int, turn: int) -> Message:
+        return {"role": "user", "content": text.text(text.rng_for(salt, "chat", session, turn), knobs.user_tokens)}
+
+    return SessionWorkload(
+        sessions=knobs.sessions,
+        turns=knobs.turns,
+        output_tokens=knobs.output_tokens,
+        opening=lambda session: [user(session, 0)],
+        follow_up=user,
+        cycle=cycle,
+    )
+
+
+def tool_definitions(salt: str, tokens: int) -> str:
+    """JSON tool schemas, one per line, of about ``tokens`` tokens, the same for every session."""
+    rng = text.rng_for(salt, "agent-tools")
+    kinds = ("string", "integer", "number", "boolean")
+    tools = []
+    size = 0
+    while size < tokens * _JSON_CHARS_PER_TOKEN:
+        name = "_".join(rng.sample(text.WORDS, 2))
+        properties = {
+            "_".join(rng.sample(text.WORDS, 2)): {
+                "type": rng.choice(kinds),
+                "description": text.text(rng, 10).strip(),
+            }
+            for _ in range(rng.randint(2, 5))
+        }
+        tool = {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": text.text(rng, 24).strip(),
+                "parameters": {"type": "object", "properties": properties, "required": sorted(properties)[:1]},
+            },
+        }
+        tools.append(tool)
+        size += len(json.dumps(tool))
+    return "\n".join(json.dumps(tool) for tool in tools)
+
+
+def agent_workload(knobs: AgentKnobs, salt: str, cycle: bool) -> SessionWorkload:
+    system = {
+        "role": "system",
+        "content": "You are an agent. Call one of these tools per step and read its result.\n"
+        + tool_definitions(salt, knobs.tool_tokens),
+    }
+
+    def task(session: int) -> list[Message]:
+        return [system, {"role": "user", "content": text.text(text.rng_for(salt, "agent", session, 0), knobs.step_tokens)}]
+
+    def tool_result(session: int, step: int) -> Message:
+        result = text.text(text.rng_for(salt, "agent", session, step), knobs.step_tokens)
+        return {"role": "user", "content": "Tool result:" + result}
+
+    return SessionWorkload(
+        sessions=knobs.sessions,
+        turns=knobs.steps,
+        output_tokens=knobs.output_tokens,
+        opening=task,
+        follow_up=tool_result,
+        cycle=cycle,
+    )
+
+
+def trace_workload(records: list[TraceRecord], salt: str) -> IndependentWorkload:
+    """One request per record, in order; the trace is not repeated (its clock has an end)."""
+    builder = PromptBuilder(salt)
+
+    def requests() -> Iterator[RequestSpec]:
+        for index, record in enumerate(records):
+            messages = [{"role": "user", "content": builder.prompt(record, index)}]
+            yield RequestSpec(messages, max(record.output_length, 1))
+
+    return IndependentWorkload(requests(), len(records))
+
+
+def build_workload(
+    config: BenchConfig, salt: str, *, cycle: bool, records: list[TraceRecord] | None = None
+) -> Workload:
+    """The workload ``config`` names, its text derived from ``salt``; ``cycle`` lets it run past one pass."""
+    kind = config.workload_kind
+    if kind == "gsp":
+        return gsp_workload(config.gsp, salt, cycle)
+    if kind == "chat":
+        return chat_workload(config.chat, salt, cycle)
+    if kind == "agent":
+        return agent_workload(config.agent, salt, cycle)
+    if records is None:
+        raise ValueError("a trace workload needs its records")
+    return trace_workload(records, salt)

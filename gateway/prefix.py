@@ -1,0 +1,84 @@
+"""Prefix-cache awareness for the gateway: fingerprint a request, ask the index, keep the index honest.
+
+The index is told about a request when it is dispatched (the replica will hold its prompt once prefill
+runs) and corrected by what the replica reports afterwards: fewer ``cached_tokens`` than predicted means
+the replica keeps less than we believed, so its believed capacity shrinks and the oldest entries go; a
+failed request's new entries are withdrawn; a restarted replica starts empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cache.fingerprint import block_hashes, canonical_chat, canonical_completion, prefix_seed
+from cache.index import PrefixIndex
+from gateway.validation import CHARS_PER_TOKEN
+
+_BLOCK_SLACK = 1
+"""Blocks of disagreement tolerated before a report counts as a miss (templates add a few tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    hashes: tuple[int, ...]
+    prefix_key: int
+    text_chars: int
+
+
+class PrefixTracker:
+    def __init__(self, *, block_chars: int, max_blocks: int) -> None:
+        self.index = PrefixIndex()
+        self._block_chars = block_chars
+        self._max_blocks = max_blocks
+
+    @property
+    def tokens_per_block(self) -> int:
+        return max(1, self._block_chars // CHARS_PER_TOKEN)
+
+    def capacity_known(self, replica: str, max_total_tokens: int) -> None:
+        """Size a replica's index from its KV capacity in tokens (``max_total_num_tokens``)."""
+        self.index.set_capacity(replica, max_total_tokens // self.tokens_per_block)
+
+    def fingerprint(self, payload: Mapping[str, Any], *, chat: bool, model: str, salt: str) -> Fingerprint:
+        if chat:
+            text = canonical_chat(payload["messages"], payload.get("tools"))
+        else:
+            text = canonical_completion(payload["prompt"])
+        seed = prefix_seed(model, salt)
+        hashes = block_hashes(text, seed, block_chars=self._block_chars, max_blocks=self._max_blocks)
+        # Prompts shorter than a block still get a stable key for prefix-affine hashing.
+        key = (
+            hashes[0]
+            if hashes
+            else block_hashes(text.ljust(self._block_chars, "\0"), seed, block_chars=self._block_chars)[0]
+        )
+        return Fingerprint(tuple(hashes), key, len(text))
+
+    def matched_blocks(self, fingerprint: Fingerprint, replicas: Iterable[str]) -> dict[str, int]:
+        return self.index.match(fingerprint.hashes, replicas)
+
+    def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
+        self.index.insert(replica, fingerprint.hashes)
+
+    def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:
+        """Nothing was prefilled: withdraw what :meth:`dispatched` added beyond what was already there."""
+        self.index.forget_after(replica, fingerprint.hashes, predicted_blocks)
+
+    def observed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int, usage: Mapping[str, Any]) -> None:
+        """Compare the replica's ``cached_tokens`` with the prediction and adjust what we believe it keeps."""
+        prompt_tokens = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        if not isinstance(prompt_tokens, int) or not isinstance(cached, int) or prompt_tokens <= 0:
+            return  # the backend does not report cache hits (SGLang without --enable-cache-report)
+        real_blocks = int(cached / prompt_tokens * fingerprint.text_chars) // self._block_chars
+        if real_blocks + _BLOCK_SLACK < predicted_blocks:
+            self.index.penalize(replica)
+        elif predicted_blocks:
+            self.index.reward(replica)
+
+    def restarted(self, replica: str) -> None:
+        """The replica came back from being unreachable: whatever it cached is gone."""
+        self.index.clear(replica)
