@@ -1,4 +1,4 @@
-"""The ``spillgate`` command: ``serve``, ``sim-replica``, ``sim-hosted``."""
+"""The ``spillgate`` command: ``serve``, ``bench``, ``sim-replica``, ``sim-hosted``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from backends.sim import cli as sim_cli
     from gateway import serve
+    from gateway.bench import cli as bench_cli
 
     serve.add_arguments(commands.add_parser("serve", help="run the gateway (default: the embedded demo)"))
+    bench_cli.add_arguments(
+        commands.add_parser("bench", help="load an OpenAI-compatible URL with a workload and report latencies")
+    )
 
     sim_cli.add_replica_arguments(
         commands.add_parser("sim-replica", help="run a simulated SGLang replica (no GPU needed)")

@@ -97,11 +97,12 @@ async def _run_one(
     # A fresh salt per level: a sweep's later levels must not find the earlier levels' prompts cached.
     salt = f"{config.seed}:{index}"
     limited = config.num_requests is not None or config.duration_s is not None
-    workload = build_workload(config, salt, cycle=limited, records=records)
+    workload = build_workload(config, salt, cycle=limited, records=records, min_sessions=concurrency or 0)
     if concurrency is not None:
         label, schedule = f"c={concurrency}", None
     elif config.rate is not None:
-        label, schedule = f"rate={config.rate:g}/s", arrivals.poisson_offsets(config.rate, text.rng_for(salt, "arrivals"))
+        rng = text.rng_for(salt, "arrivals")
+        label, schedule = f"rate={config.rate:g}/s", arrivals.poisson_offsets(config.rate, rng)
     else:
         label, schedule = f"trace x{config.trace_speedup:g}", arrival_offsets(records or [], config.trace_speedup)
     load = Load(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from backends.http1 import HttpError, Http1Client
+from backends.http1 import Http1Client, HttpError
 from gateway.bench.workloads import RequestSpec
 
 BACKEND_HEADER = b"x-spillgate-backend"

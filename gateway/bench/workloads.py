@@ -10,6 +10,7 @@ each other's prefix caches.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -203,7 +204,8 @@ def agent_workload(knobs: AgentKnobs, salt: str, cycle: bool) -> SessionWorkload
     }
 
     def task(session: int) -> list[Message]:
-        return [system, {"role": "user", "content": text.text(text.rng_for(salt, "agent", session, 0), knobs.step_tokens)}]
+        opening = text.text(text.rng_for(salt, "agent", session, 0), knobs.step_tokens)
+        return [system, {"role": "user", "content": opening}]
 
     def tool_result(session: int, step: int) -> Message:
         result = text.text(text.rng_for(salt, "agent", session, step), knobs.step_tokens)
@@ -232,16 +234,27 @@ def trace_workload(records: list[TraceRecord], salt: str) -> IndependentWorkload
 
 
 def build_workload(
-    config: BenchConfig, salt: str, *, cycle: bool, records: list[TraceRecord] | None = None
+    config: BenchConfig,
+    salt: str,
+    *,
+    cycle: bool,
+    records: list[TraceRecord] | None = None,
+    min_sessions: int = 0,
 ) -> Workload:
-    """The workload ``config`` names, its text derived from ``salt``; ``cycle`` lets it run past one pass."""
+    """The workload ``config`` names, its text derived from ``salt``; ``cycle`` lets it run past one pass.
+
+    ``min_sessions`` raises the number of live chat or agent sessions: a closed loop of N workers needs N
+    sessions, or the sessions (not the concurrency) would bound the requests in flight.
+    """
     kind = config.workload_kind
     if kind == "gsp":
         return gsp_workload(config.gsp, salt, cycle)
     if kind == "chat":
-        return chat_workload(config.chat, salt, cycle)
+        chat = dataclasses.replace(config.chat, sessions=max(config.chat.sessions, min_sessions))
+        return chat_workload(chat, salt, cycle)
     if kind == "agent":
-        return agent_workload(config.agent, salt, cycle)
+        agent = dataclasses.replace(config.agent, sessions=max(config.agent.sessions, min_sessions))
+        return agent_workload(agent, salt, cycle)
     if records is None:
         raise ValueError("a trace workload needs its records")
     return trace_workload(records, salt)
