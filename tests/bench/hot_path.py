@@ -55,7 +55,7 @@ class Bench:
     """No retries after this ``time.monotonic()``: they must not push the run past its time budget."""
 
     def measure(self, target: targets.Target, relay_pid: int | None = None) -> dict[str, Any]:
-        """The four figures for ``target``, each with how much of the relay's core other processes took."""
+        """The four figures for ``target``, each with how much of the two cores other processes took meanwhile."""
         workload = Workload(port=target.port, model=target.model, api_key=target.api_key)
         smoke.check_target(workload)
         figures: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
@@ -85,7 +85,9 @@ class Bench:
             row[key] = self._least_disturbed(f"{target.name}: {title}", run_figure, relay_pid)
         return row
 
-    def _least_disturbed(self, title: str, run_figure: Callable[[], dict[str, Any]], relay_pid: int | None) -> Any:
+    def _least_disturbed(
+        self, title: str, run_figure: Callable[[], dict[str, Any]], relay_pid: int | None
+    ) -> dict[str, Any]:
         """Measure once; again (up to ``retries`` times, while time is left) if other work took the cores."""
         best: dict[str, Any] | None = None
         for attempt in range(1 + self.retries):
@@ -101,6 +103,7 @@ class Bench:
                 best = result
             if foreign <= NOISY_PERCENT or time.monotonic() > self.retry_until:
                 break
+        assert best is not None
         return best
 
     def _loadgen(

@@ -1,0 +1,67 @@
+"""The benchmark's pure parts, checked without starting anything: a misread wrk report would go unnoticed."""
+
+from __future__ import annotations
+
+import math
+
+from tests.bench.loadgen import percentile_ms
+from tests.bench.report import GOALS, goals_met
+from tests.bench.workload import Workload
+from tests.bench.wrk import parse_wrk
+
+WRK_OUTPUT = """Running 1s test @ http://127.0.0.1:19501/v1/chat/completions
+  1 threads and 8 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   247.21us   52.57us 736.00us   80.46%
+    Req/Sec    31.74k   610.63    32.45k    80.00%
+  Latency Distribution
+     50%  251.00us
+     75%  271.00us
+     90%  285.00us
+     99%    1.37ms
+  31578 requests in 1.00s, 12.32MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:  31559.35
+Transfer/sec:     12.31MB
+"""
+
+
+def test_parse_wrk_reads_rate_percentiles_and_errors() -> None:
+    result = parse_wrk(WRK_OUTPUT, connections=8, seconds=1)
+    assert result.requests == 31578
+    assert result.per_second == 31559.35
+    assert result.p50_ms == 0.251
+    assert result.p99_ms == 1.37
+    assert result.non_2xx == 4
+    assert result.socket_errors == 3
+
+
+def test_percentile_is_nearest_rank_in_ms() -> None:
+    samples = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    assert percentile_ms(samples, 0.50) == 50.0
+    assert percentile_ms(samples, 0.99) == 99.0
+    assert math.isnan(percentile_ms([], 0.5))
+
+
+def test_workload_request_and_wrk_script_carry_the_same_body_and_key() -> None:
+    workload = Workload(port=8080, model="chat", api_key="sk-x")
+    raw = workload.raw_request(stream=True)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert body == workload.body(stream=True)
+    assert b"content-length: %d" % len(body) in head
+    assert b"authorization: Bearer sk-x" in head
+    script = workload.wrk_script(stream=True)
+    assert body.decode() in script
+    assert 'wrk.headers["authorization"] = "Bearer sk-x"' in script
+
+
+def test_goals_are_judged_on_added_latency_and_rates() -> None:
+    row = {
+        "added": {"p50_ms": 0.4, "ttfb_p99_ms": 2.5},
+        "nonstream": {"per_second": 3000.0},
+        "stream": {"per_second": 1400.0},
+    }
+    met = goals_met(row)
+    assert list(met) == [goal.label for goal in GOALS]
+    assert list(met.values()) == [True, True, False, False]
