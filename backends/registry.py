@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -106,7 +106,7 @@ class BackendRegistry:
     def __getitem__(self, name: str) -> Backend:
         return self._backends[name]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Backend]:
         return iter(self._backends.values())
 
     def snapshot(self, names: Iterable[str], prefix_tokens: Mapping[str, int] | None = None) -> Snapshot:

@@ -78,13 +78,13 @@ class CompletionsHandler:
             return
         try:
             body = await _read_body(scope, receive, self._state.config.limits.max_body_bytes)
-            parsed, route, decision = self._admit(scope, body, attempt)
+            parsed, decision = self._admit(scope, body, attempt)
         except ApiError as error:
             await _send_error(send, attempt, error)
             return
-        await self._forward(parsed, route, decision, attempt, receive, send)
+        await self._forward(parsed, decision, attempt, receive, send)
 
-    def _admit(self, scope: Scope, body: bytes, attempt: Attempt) -> tuple[ParsedRequest, Route, Decision]:
+    def _admit(self, scope: Scope, body: bytes, attempt: Attempt) -> tuple[ParsedRequest, Decision]:
         state = self._state
         tenant = state.tenants.authenticate(_header(scope, b"authorization"))
         parsed = self._parse(body, state.config.limits)
@@ -116,7 +116,7 @@ class CompletionsHandler:
                 code="no_healthy_backend",
                 headers={"retry-after": "1"},
             ) from None
-        return parsed, route, decision
+        return parsed, decision
 
     def _match_prefix(self, parsed: ParsedRequest, route: Route, tenant: str, attempt: Attempt) -> None:
         """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds."""
@@ -130,7 +130,7 @@ class CompletionsHandler:
         }
 
     async def _forward(
-        self, parsed: ParsedRequest, route: Route, decision: Decision, attempt: Attempt, receive: Receive, send: Send
+        self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, receive: Receive, send: Send
     ) -> None:
         watcher = _DisconnectWatcher(receive)
         try:

@@ -94,23 +94,9 @@ def usage_chunk(req: SimRequest, obj: str, model: str, created: int, cache_repor
 
 
 def completion(req: SimRequest, text: str, model: str, created: int, cache_report: bool) -> dict[str, Any]:
-    return {
-        "id": req.rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish_type(req),
-                "matched_stop": matched_stop(req),
-            }
-        ],
-        "usage": usage(req, cache_report=cache_report),
-        "metadata": None,
-    }
+    body = completion_chunk(req, text, model, created, finished=True, chunk_usage=usage(req, cache_report=cache_report))
+    body["metadata"] = None
+    return body
 
 
 def completion_chunk(
