@@ -50,14 +50,14 @@ def block_hashes(
     text: str, seed: int, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
 ) -> list[int]:
     """Chained hashes of the full blocks of ``text`` (a trailing partial block is not a shared prefix yet)."""
-    data = text.encode()
+    data = memoryview(text.encode())  # slices of a memoryview are views, not copies
     count = min(len(data) // block_chars, max_blocks)
-    hashes = []
+    hashes = [0] * count
     digest = xxhash.xxh3_64_intdigest
     previous = seed
-    for start in range(0, count * block_chars, block_chars):
-        previous = digest(data[start : start + block_chars], previous)
-        hashes.append(previous)
+    for index in range(count):
+        start = index * block_chars
+        previous = hashes[index] = digest(data[start : start + block_chars], previous)
     return hashes
 
 

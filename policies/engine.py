@@ -58,13 +58,15 @@ class Policy:
     """Whether decisions read prefix-cache state, so the gateway fingerprints prompts only when needed."""
 
     def decide(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
-        candidates = [b for b in snapshot.backends if all(f.keep(request, b) for f in self.filters)]
+        candidates = list(snapshot.backends)
+        for filter_ in self.filters:
+            candidates = [b for b in candidates if filter_.keep(request, b)]
         if not candidates:
             raise NoCandidate(f"no healthy backend for route {request.route!r}")
         totals = [0.0] * len(candidates)
         for weighted in self.scorers:
-            for index, score in enumerate(weighted.scorer.scores(request, candidates)):
-                totals[index] += weighted.weight * score
+            weight = weighted.weight
+            totals = [t + weight * s for t, s in zip(totals, weighted.scorer.scores(request, candidates), strict=True)]
         ranked = self.picker.rank(request, list(zip(totals, candidates, strict=True)))
         return Decision(
             backend=ranked[0].name,

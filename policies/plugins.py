@@ -73,9 +73,16 @@ class BestScorePicker:
     """Highest score first; ties rotate with the request's sequence number so equal backends share work."""
 
     def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]:
+        scored = list(scored)
         count = len(scored)
-        rotated = [scored[(i + request.sequence) % count] for i in range(count)]
-        return [backend for _, backend in sorted(rotated, key=lambda item: -item[0])]
+        shift = request.sequence % count
+        rotated = scored[shift:] + scored[:shift]
+        # sorted() is stable, so equal scores keep the rotated order.
+        return [backend for _, backend in sorted(rotated, key=_negated_score)]
+
+
+def _negated_score(item: tuple[float, BackendState]) -> float:
+    return -item[0]
 
 
 @dataclass(frozen=True, slots=True)
