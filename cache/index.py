@@ -88,6 +88,11 @@ class PrefixIndex:
                 holders[block] = holders.get(block, 0) | bit
         self._evict(entry)
 
+    def insert_if_known(self, replica: str, hashes: Sequence[int]) -> None:
+        """Like :meth:`insert`, for changes learned from other processes, which may know other replicas."""
+        if replica in self._replicas:
+            self.insert(replica, hashes)
+
     def forget_after(self, replica: str, hashes: Sequence[int], depth: int) -> None:
         """The replica reported holding only ``depth`` blocks of ``hashes``: drop the rest for it."""
         entry = self._replicas.get(replica)

@@ -90,7 +90,13 @@ def build_control_app(state: GatewayState) -> FastAPI:
             b.name: {"healthy": b.state(now).healthy, "in_flight": b.in_flight, "last_error": b.last_error or None}
             for b in state.registry
         }
-        return {"status": "ok", "backends": backends}
+        health: dict[str, object] = {"status": "ok", "backends": backends}
+        if state.prefix.shared is not None:
+            connected = state.prefix.shared.connected
+            health["redis"] = "connected" if connected else "unreachable"
+            if not connected:
+                health["status"] = "degraded"
+        return health
 
     @app.get("/ready")
     async def ready() -> Response:

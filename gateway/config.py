@@ -123,6 +123,13 @@ class PrefixConfig(Strict):
     max_blocks: int = Field(default=512, ge=1, le=16384)
 
 
+class StateConfig(Strict):
+    """Where state shared by several gateway processes lives; without ``redis_url`` each process is alone."""
+
+    redis_url: str | None = Field(default=None, description="redis://host:port/db, or os.environ/NAME")
+    key_prefix: str = Field(default="spillgate", min_length=1, description="namespace of every Redis key")
+
+
 class AuthConfig(Strict):
     required: bool = True
 
@@ -134,6 +141,7 @@ class GatewayConfig(Strict):
     health: HealthConfig = HealthConfig()
     auth: AuthConfig = AuthConfig()
     prefix: PrefixConfig = PrefixConfig()
+    state: StateConfig = StateConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     hosted_models: list[HostedModelConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(min_length=1)

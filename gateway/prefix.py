@@ -14,6 +14,7 @@ from typing import Any
 
 from cache.fingerprint import block_hashes, canonical_chat, canonical_completion, prefix_seed
 from cache.index import PrefixIndex
+from cache.shared_index import SharedPrefixIndex
 from gateway.validation import CHARS_PER_TOKEN
 
 _BLOCK_SLACK = 1
@@ -30,6 +31,8 @@ class Fingerprint:
 class PrefixTracker:
     def __init__(self, *, block_chars: int, max_blocks: int) -> None:
         self.index = PrefixIndex()
+        self.shared: SharedPrefixIndex | None = None
+        """Set when the index is shared with other gateway processes through Redis."""
         self._block_chars = block_chars
         self._max_blocks = max_blocks
 
@@ -61,10 +64,14 @@ class PrefixTracker:
 
     def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
         self.index.insert(replica, fingerprint.hashes)
+        if self.shared is not None:
+            self.shared.publish("insert", replica, fingerprint.hashes)
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:
         """Nothing was prefilled: withdraw what :meth:`dispatched` added beyond what was already there."""
         self.index.forget_after(replica, fingerprint.hashes, predicted_blocks)
+        if self.shared is not None:
+            self.shared.publish("forget", replica, fingerprint.hashes, predicted_blocks)
 
     def observed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int, usage: Mapping[str, Any]) -> None:
         """Compare the replica's ``cached_tokens`` with the prediction and adjust what we believe it keeps."""
@@ -82,3 +89,5 @@ class PrefixTracker:
     def restarted(self, replica: str) -> None:
         """The replica came back from being unreachable: whatever it cached is gone."""
         self.index.clear(replica)
+        if self.shared is not None:
+            self.shared.publish("clear", replica)

@@ -6,8 +6,11 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+import redis.asyncio as aioredis
+
 from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
+from cache.shared_index import SharedPrefixIndex
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker
@@ -45,10 +48,17 @@ class GatewayState:
     prefix: PrefixTracker
 
     async def start(self) -> None:
+        if self.config.state.redis_url:
+            client = aioredis.from_url(resolve_secret(self.config.state.redis_url), socket_timeout=2.0)
+            stream = f"{self.config.state.key_prefix}:prefix-index"
+            self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
+            await self.prefix.shared.start()
         await self.registry.start()
 
     async def stop(self) -> None:
         await self.registry.stop()
+        if self.prefix.shared is not None:
+            await self.prefix.shared.stop()
         self.upstream.close()
 
 

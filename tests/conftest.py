@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.gateway import gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
+from tests.support.redis_server import redis_url as private_redis
 
 FAST = ("--time-scale", "0.02")
 
@@ -32,3 +33,10 @@ def gateway(replicas: list[RunningProcess], tmp_path_factory: pytest.TempPathFac
     proc = start_gateway(gateway_config([r.url for r in replicas]), tmp_path_factory.mktemp("gateway"))
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Redis: ``REDIS_URL`` when set, else a private redis-server stopped by PID at the end."""
+    with private_redis(tmp_path_factory.mktemp("redis")) as url:
+        yield url

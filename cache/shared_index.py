@@ -1,0 +1,137 @@
+"""Sharing the prefix index between gateway processes through a Redis stream.
+
+Every process keeps its own in-process :class:`~cache.index.PrefixIndex` and routes from it, so a
+decision never waits on Redis. What a process learns (a request dispatched to a replica, entries
+withdrawn, a replica cleared) is appended to one bounded Redis stream by a background task, and every
+process applies the others' entries as they arrive: all processes converge on the same view within a
+few milliseconds. A process that starts late replays the stream's retained history. If Redis goes away,
+each process keeps routing on what it knows and catches up from the stream when Redis returns.
+
+Measured cost on the request path: appending to an in-memory list (well under a microsecond) instead of
+a Redis round trip (~100-200 us on loopback) per decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from array import array
+from collections.abc import Sequence
+from typing import Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from cache.index import PrefixIndex
+
+log = logging.getLogger("spillgate.prefix.shared")
+
+Operation = Literal["insert", "forget", "clear"]
+_FLUSH_INTERVAL_S = 0.005
+_RETRY_S = 1.0
+
+
+class SharedPrefixIndex:
+    """Publishes local index changes to Redis and applies other processes' changes locally."""
+
+    def __init__(
+        self,
+        index: PrefixIndex,
+        client: aioredis.Redis,
+        *,
+        stream: str = "spillgate:prefix-index",
+        max_entries: int = 100_000,
+    ) -> None:
+        self.index = index
+        self._redis = client
+        self._stream = stream
+        self._max_entries = max_entries
+        self._origin = f"{os.getpid()}-{os.urandom(4).hex()}".encode()
+        self._outbox: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self.connected = False
+        self.applied = 0
+
+    # Called on the request path: cheap, never waits. ---------------------------------------------
+
+    def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
+        self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
+
+    # Background work -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._flush_forever(), name="spillgate-prefix-publish"),
+            asyncio.create_task(self._follow_forever(), name="spillgate-prefix-follow"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(RedisError, OSError):
+            await self._flush_once()
+        await self._redis.aclose()
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_FLUSH_INTERVAL_S)
+            try:
+                await self._flush_once()
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(_RETRY_S)
+
+    async def _flush_once(self) -> None:
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for op, replica, hashes, depth in batch:
+                    fields = {b"o": self._origin, b"op": op, b"r": replica, b"h": hashes, b"d": depth}
+                    pipe.xadd(self._stream, fields, maxlen=self._max_entries, approximate=True)
+                await pipe.execute()
+        except BaseException:
+            self._outbox = batch + self._outbox  # nothing accepted is lost: try again later
+            raise
+
+    async def _follow_forever(self) -> None:
+        last_id = b"0-0"  # replay what the stream retains, then follow it
+        while True:
+            try:
+                replies = await self._redis.xread({self._stream: last_id}, count=1000, block=1000)
+                if not self.connected:
+                    self.connected = True
+                    log.info("prefix index shared through Redis stream %s", self._stream)
+                for _, entries in replies or ():
+                    for entry_id, fields in entries:
+                        last_id = entry_id
+                        self._apply(fields)
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(_RETRY_S)
+
+    def _apply(self, fields: dict[bytes, bytes]) -> None:
+        if fields.get(b"o") == self._origin:
+            return
+        replica = fields[b"r"].decode()
+        hashes = array("Q")
+        hashes.frombytes(fields[b"h"])
+        op = fields[b"op"]
+        if op == b"insert":
+            self.index.insert_if_known(replica, hashes)
+        elif op == b"forget":
+            self.index.forget_after(replica, hashes, int(fields[b"d"]))
+        elif op == b"clear":
+            self.index.clear(replica)
+        self.applied += 1
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.connected:
+            log.warning("Redis unreachable (%s); routing on the local prefix index until it returns", exc)
+        self.connected = False

@@ -1,0 +1,52 @@
+"""The shared prefix index survives a Redis outage: changes wait in the outbox, then reach the peers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from cache.index import PrefixIndex
+from cache.shared_index import SharedPrefixIndex
+from tests.support.procs import free_port
+from tests.support.redis_server import redis_url
+
+
+def make_index() -> PrefixIndex:
+    index = PrefixIndex()
+    index.set_capacity("r0", 1000)
+    return index
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_changes_made_during_an_outage_arrive_when_redis_returns(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream="t:outage")
+    reader_index = make_index()
+    reader = SharedPrefixIndex(reader_index, aioredis.from_url(url, socket_timeout=1), stream="t:outage")
+    await writer.start()
+    await reader.start()
+    try:
+        writer.publish("insert", "r0", [11, 12, 13])
+        await asyncio.sleep(0.3)
+        assert not writer.connected
+        assert reader_index.match([11, 12, 13], ["r0"]) == {"r0": 0}
+        with redis_url(tmp_path, port=port):
+            await wait_for(lambda: reader_index.match([11, 12, 13], ["r0"]) == {"r0": 3}, timeout=8)
+            assert reader.connected
+            writer.publish("forget", "r0", [11, 12, 13], 1)
+            await wait_for(lambda: reader_index.match([11, 12, 13], ["r0"]) == {"r0": 1})
+            writer.publish("clear", "r0")
+            await wait_for(lambda: reader_index.blocks_held("r0") == 0)
+    finally:
+        await writer.stop()
+        await reader.stop()
