@@ -53,21 +53,23 @@ class Backend:
         self.request_headers = tuple(headers)
 
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
+        load = self.load
+        # Positional: built once per candidate per request, and keywords cost twice as much.
         return BackendState(
-            name=self.name,
-            kind=self.kind,
-            healthy=self.healthy and now >= self.unhealthy_until,
-            in_flight=self.in_flight,
-            running=self.load.running,
-            queued=self.load.queued,
-            token_usage=self.load.token_usage,
-            cache_hit_rate=self.load.cache_hit_rate,
-            max_total_tokens=self.max_total_tokens,
-            prefix_tokens=prefix_tokens,
-            pending_prefill_tokens=self.pending_prefill_tokens,
-            prefill_tokens_per_s=self.prefill_tokens_per_s,
-            max_running=self.max_running,
-            mean_service_s=self.mean_service_s,
+            self.name,
+            self.kind,
+            self.healthy and now >= self.unhealthy_until,
+            self.in_flight,
+            load.running,
+            load.queued,
+            load.token_usage,
+            load.cache_hit_rate,
+            self.max_total_tokens,
+            prefix_tokens,
+            self.pending_prefill_tokens,
+            self.prefill_tokens_per_s,
+            self.max_running,
+            self.mean_service_s,
         )
 
     def observe_service_time(self, seconds: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
             return 2
         _print_banner(config, path, host, port, replica_urls, hosted_urls)
+        # Everything built so far lives as long as the process: keep it out of every GC pass.
+        gc.freeze()
         server = uvicorn.Server(
             uvicorn.Config(
                 GatewayApp(state),

@@ -56,3 +56,40 @@ def test_no_healthy_backend_raises(name: str) -> None:
 def test_unknown_policy_name() -> None:
     with pytest.raises(KeyError):
         build_policy("psychic")
+
+
+def test_registry_snapshot_maps_every_field() -> None:
+    """``Backend.state`` builds positionally for speed; each value must land in its own field."""
+    from backends.registry import Backend
+    from backends.sglang_metrics import ReplicaLoad
+
+    backend = Backend(
+        "r",
+        "replica",
+        "http://x",
+        "m",
+        in_flight=3,
+        pending_prefill_tokens=11,
+        prefill_tokens_per_s=5.0,
+        max_running=7,
+        mean_service_s=0.25,
+        max_total_tokens=99,
+    )
+    backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
+    state = backend.state(now=0.0, prefix_tokens=13)
+    assert state._asdict() == {
+        "name": "r",
+        "kind": "replica",
+        "healthy": True,
+        "in_flight": 3,
+        "running": 4,
+        "queued": 2,
+        "token_usage": 0.5,
+        "cache_hit_rate": 0.75,
+        "max_total_tokens": 99,
+        "prefix_tokens": 13,
+        "pending_prefill_tokens": 11,
+        "prefill_tokens_per_s": 5.0,
+        "max_running": 7,
+        "mean_service_s": 0.25,
+    }
