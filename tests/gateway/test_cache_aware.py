@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -79,3 +81,32 @@ def test_consistent_hash_is_sticky_per_prefix(aware: RunningProcess) -> None:
     client = openai.OpenAI(base_url=aware.url + "/v1", api_key=TENANT_KEY, max_retries=0)
     for group in range(3):
         assert len({ask(client, "hashed", 300 + group, f"q{n}")[0] for n in range(3)}) == 1
+
+
+def test_a_restarted_replica_starts_with_an_empty_index(tmp_path: Path) -> None:
+    replica = start_replica(tmp_path, "--time-scale", "0.02")
+    port = int(replica.url.rsplit(":", 1)[1])
+    config = gateway_config([replica.url])
+    config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
+    gateway = start_gateway(config, tmp_path)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    try:
+        ask(client, "aware", 400, "first")
+        assert ask(client, "aware", 400, "second")[1] == "prefix_hit"
+        replica.stop()
+        wait_for_health(gateway, healthy=False)
+        replica = start_replica(tmp_path, "--time-scale", "0.02", port=port)
+        wait_for_health(gateway, healthy=True)
+        _, reason, usage = ask(client, "aware", 400, "third")
+        assert reason == "least_ttft", "the index must forget what the old process cached"
+        assert usage.prompt_tokens_details.cached_tokens < 50
+    finally:
+        gateway.stop()
+        replica.stop()
+
+
+def wait_for_health(gateway: RunningProcess, *, healthy: bool) -> None:
+    deadline = time.monotonic() + 10
+    while httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["healthy"] != healthy:
+        assert time.monotonic() < deadline, f"pool-0 never became healthy={healthy}"
+        time.sleep(0.05)

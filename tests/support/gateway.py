@@ -40,8 +40,8 @@ def start_gateway(config: dict[str, Any], tmp_path: Path, *, ready_path: str = "
     )
 
 
-def start_replica(tmp_path: Path, *args: str) -> RunningProcess:
-    port = free_port()
+def start_replica(tmp_path: Path, *args: str, port: int | None = None) -> RunningProcess:
+    port = port or free_port()
     return start_spillgate(
         ["sim-replica", "--port", str(port), "--model-name", "sim-model", *args], port=port, log_dir=tmp_path
     )

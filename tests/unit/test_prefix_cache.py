@@ -75,3 +75,39 @@ def test_feedback_and_restart_correct_the_index() -> None:
     index.clear("r0")
     assert index.match([1, 2], ["r0"]) == {"r0": 0}
     assert index.blocks_held("r0") == 0
+
+
+def test_tracker_feedback_shrinks_belief_on_misses_and_restores_on_hits() -> None:
+    from gateway.prefix import PrefixTracker
+
+    tracker = PrefixTracker(block_chars=64, max_blocks=512)
+    tracker.capacity_known("r0", 100 * tracker.tokens_per_block)  # room for 100 blocks
+    nominal = tracker.index.believed_capacity("r0")
+    fingerprint = tracker.fingerprint({"messages": conversation(3)}, chat=True, model="m", salt="t")
+    tracker.dispatched("r0", fingerprint)
+    predicted = len(fingerprint.hashes)
+    tracker.observed(
+        "r0", fingerprint, predicted, {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 0}}
+    )
+    shrunk = tracker.index.believed_capacity("r0")
+    assert shrunk < nominal
+    for _ in range(200):
+        tracker.observed(
+            "r0", fingerprint, predicted, {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 1000}}
+        )
+    assert tracker.index.believed_capacity("r0") == nominal
+    # A backend that does not report cache hits teaches nothing.
+    tracker.observed("r0", fingerprint, predicted, {"prompt_tokens": 1000})
+    assert tracker.index.believed_capacity("r0") == nominal
+
+
+def test_tracker_withdraws_a_failed_dispatch() -> None:
+    from gateway.prefix import PrefixTracker
+
+    tracker = PrefixTracker(block_chars=64, max_blocks=512)
+    tracker.capacity_known("r0", 100_000)
+    fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="t")
+    tracker.dispatched("r0", fingerprint)
+    assert tracker.matched_blocks(fingerprint, ["r0"]) == {"r0": len(fingerprint.hashes)}
+    tracker.failed("r0", fingerprint, 0)
+    assert tracker.matched_blocks(fingerprint, ["r0"]) == {"r0": 0}
