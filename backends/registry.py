@@ -17,6 +17,7 @@ from typing import Protocol
 
 import httpx
 
+from backends.prefill_rate import PrefillRateEstimator
 from backends.sglang_metrics import ReplicaLoad, parse_replica_load
 from policies.types import BackendKind, BackendState, Snapshot
 
@@ -38,15 +39,18 @@ class Backend:
     in_flight: int = 0
     pending_prefill_tokens: int = 0
     prefill_tokens_per_s: float = 20000.0
+    """The configured prior; ``prefill.rate`` is what routing uses once measurements exist."""
     max_running: int = 0
     mean_service_s: float = 0.0
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     max_total_tokens: int = 0
     last_error: str = ""
+    prefill: PrefillRateEstimator = field(init=False)
     request_headers: tuple[tuple[bytes, bytes], ...] = ()
     """Sent with every proxied request: content type, and the provider key for hosted models."""
 
     def __post_init__(self) -> None:
+        self.prefill = PrefillRateEstimator(self.prefill_tokens_per_s)
         headers = [(b"content-type", b"application/json")]
         if self.api_key:
             headers.append((b"authorization", f"Bearer {self.api_key}".encode()))
@@ -67,7 +71,7 @@ class Backend:
             self.max_total_tokens,
             prefix_tokens,
             self.pending_prefill_tokens,
-            self.prefill_tokens_per_s,
+            self.prefill.rate,
             self.max_running,
             self.mean_service_s,
         )

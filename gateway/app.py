@@ -87,7 +87,12 @@ def build_control_app(state: GatewayState) -> FastAPI:
         """Liveness: the process answers. Backend states are included for operators."""
         now = time.monotonic()
         backends = {
-            b.name: {"healthy": b.state(now).healthy, "in_flight": b.in_flight, "last_error": b.last_error or None}
+            b.name: {
+                "healthy": b.state(now).healthy,
+                "in_flight": b.in_flight,
+                "prefill_tokens_per_s": round(b.prefill.rate),
+                "last_error": b.last_error or None,
+            }
             for b in state.registry
         }
         health: dict[str, object] = {"status": "ok", "backends": backends}

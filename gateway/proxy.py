@@ -60,6 +60,10 @@ class Attempt:
     prefix_tokens: dict[str, int] = field(default_factory=dict)
     pending_prefill: int = 0
     """Uncached prompt tokens booked on the backend until its first token arrives."""
+    stream: bool = False
+    sent_at: float = 0.0
+    alone: bool = False
+    """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
 
 
 class CompletionsHandler:
@@ -96,6 +100,7 @@ class CompletionsHandler:
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
         attempt.route = route.name
+        attempt.stream = parsed.stream
         if route.policy.uses_prefix:
             self._match_prefix(parsed, route, tenant.name, attempt)
         request = RouteRequest(
@@ -181,6 +186,8 @@ class CompletionsHandler:
 
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
+        attempt.alone = backend.in_flight == 0
+        attempt.sent_at = time.perf_counter()
         backend.in_flight += 1
         attempt.pending_prefill = max(0, parsed.prompt_tokens - attempt.prefix_tokens.get(backend.name, 0))
         backend.pending_prefill_tokens += attempt.pending_prefill
@@ -197,6 +204,8 @@ class CompletionsHandler:
         backend.in_flight -= 1
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
+        if prefilled and attempt.stream and attempt.alone and attempt.usage is not None:
+            _learn_prefill_rate(backend, attempt)
         fingerprint = attempt.fingerprint
         if fingerprint is None:
             return
@@ -352,6 +361,15 @@ def _headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[by
         (b"x-spillgate-backend", attempt.backend.encode()),
         (b"x-spillgate-reason", attempt.reason.encode()),
     ]
+
+
+def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
+    usage = attempt.usage or {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, int) and isinstance(cached, int):
+        backend.prefill.observe(prompt - cached, attempt.first_token_at - attempt.sent_at)
 
 
 def _usage_of(body: bytes) -> dict[str, Any] | None:

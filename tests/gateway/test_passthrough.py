@@ -57,3 +57,17 @@ def test_latencies_are_measured_per_backend(single: RunningProcess) -> None:
         line = next(line for line in metrics.splitlines() if line.startswith(name + '{backend="pool-0"}'))
         assert float(line.rsplit(" ", 1)[1]) >= 1
     assert 'spillgate_requests_total{backend="pool-0",outcome="ok",reason="least_load",route="chat"}' in metrics
+
+
+def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess) -> None:
+    """The replica runs 50x faster than real time; the gateway must find that out by itself."""
+    client = openai.OpenAI(base_url=single.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    for n in range(12):
+        prompt = f"variant {n} " + "lorem ipsum dolor " * (100 + 250 * n)
+        list(
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": prompt}], max_tokens=2, stream=True
+            )
+        )
+    learned = httpx.get(single.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+    assert learned > 100_000, f"still near the 20,000 tokens/s prior: {learned}"
