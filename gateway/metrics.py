@@ -40,6 +40,13 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.prompt_tokens = Counter(
+            "spillgate_prompt_tokens",
+            "Prompt tokens by backend: all (kind=prompt), found in the replica's prefix cache (kind=cached), "
+            "and what the prefix index predicted would be (kind=predicted_cached).",
+            ("backend", "kind"),
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "spillgate_backend_in_flight",
             "Requests the gateway has in flight per backend.",

@@ -280,6 +280,20 @@ class CompletionsHandler:
             tpot = (time.perf_counter() - attempt.first_token_at) / (tokens - 1)
             self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
 
+    def _count_prompt_tokens(self, attempt: Attempt) -> None:
+        usage = attempt.usage or {}
+        prompt = usage.get("prompt_tokens")
+        if not isinstance(prompt, int):
+            return
+        counter = self._state.metrics.prompt_tokens
+        counter.labels(attempt.backend, "prompt").inc(prompt)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            counter.labels(attempt.backend, "cached").inc(cached)
+        if attempt.fingerprint is not None:
+            counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
+
     def _record(self, attempt: Attempt) -> None:
         metrics = self._state.metrics
         metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
@@ -287,6 +301,7 @@ class CompletionsHandler:
             e2e = time.perf_counter() - attempt.started
             metrics.e2e.labels(attempt.backend).observe(e2e)
             self._state.registry[attempt.backend].observe_service_time(e2e)
+            self._count_prompt_tokens(attempt)
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
 

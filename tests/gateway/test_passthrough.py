@@ -57,6 +57,8 @@ def test_latencies_are_measured_per_backend(single: RunningProcess) -> None:
         line = next(line for line in metrics.splitlines() if line.startswith(name + '{backend="pool-0"}'))
         assert float(line.rsplit(" ", 1)[1]) >= 1
     assert 'spillgate_requests_total{backend="pool-0",outcome="ok",reason="least_load",route="chat"}' in metrics
+    assert 'spillgate_prompt_tokens_total{backend="pool-0",kind="prompt"}' in metrics
+    assert 'spillgate_prompt_tokens_total{backend="pool-0",kind="cached"}' in metrics
 
 
 def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess) -> None:
