@@ -24,6 +24,16 @@ class RouteRequest(NamedTuple):
     """A per-route counter the gateway assigns, so rotating policies stay pure functions."""
     prefix_key: int = 0
     """Hash of the prompt's first prefix blocks (0 when too short), for prefix-affine hashing."""
+    required_tier: int = 0
+    """Quality tier the prompt needs (from the complexity classifier); 0 accepts any backend."""
+    ttft_slo_s: float = float("inf")
+    tpot_slo_s: float = float("inf")
+    self_hosted_only: bool = False
+    """The tenant's residency rule: this request may never leave our GPUs."""
+    hosted_allowed: bool = True
+    """False when the tenant's hosted budget is spent."""
+    spilling: bool = False
+    """The route spilled its last overflow decision; it keeps spilling until replicas are clearly back."""
 
 
 class BackendState(NamedTuple):
@@ -47,6 +57,16 @@ class BackendState(NamedTuple):
     """Requests the replica runs at once (SGLang's ``max_running_requests``); 0 when unknown."""
     mean_service_s: float = 0.0
     """Recent mean end-to-end time of requests the gateway sent here."""
+    tier: int = 0
+    """Quality tier: higher serves harder prompts (open model 1, frontier 2, by config)."""
+    context_window: int = 0
+    """Largest prompt + output this backend accepts; 0 when unknown."""
+    ttft_s: float = 0.0
+    """Measured recent TTFT (hosted backends, whose queues we cannot see)."""
+    tpot_s: float = 0.0
+    """Measured recent time per output token."""
+    usd_per_mtok_in: float = 0.0
+    usd_per_mtok_out: float = 0.0
 
     @property
     def load(self) -> int:
@@ -69,7 +89,17 @@ class Decision:
     reason: str
     ranked: tuple[str, ...] = ()
     """Every candidate in preference order, so a failed attempt can fall back to the next."""
+    predicted_ttft_s: float = 0.0
+    predicted_cost_usd: float = 0.0
 
 
 class NoCandidate(Exception):
     """No backend passes the filters; the gateway answers 503."""
+
+
+class OverCapacity(Exception):
+    """Candidates exist but none can meet the SLO and the route says to refuse: the gateway answers 429."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
