@@ -42,6 +42,13 @@ class Backend:
     """The configured prior; ``prefill.rate`` is what routing uses once measurements exist."""
     max_running: int = 0
     mean_service_s: float = 0.0
+    tier: int = 0
+    context_window: int = 0
+    usd_per_mtok_in: float = 0.0
+    usd_per_mtok_out: float = 0.0
+    ttft_s: float = 0.0
+    """Recent TTFT (prior from config until measured)."""
+    tpot_s: float = 0.0
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     max_total_tokens: int = 0
     last_error: str = ""
@@ -74,11 +81,28 @@ class Backend:
             self.prefill.rate,
             self.max_running,
             self.mean_service_s,
+            self.tier,
+            self.context_window,
+            self.ttft_s,
+            self.tpot_s,
+            self.usd_per_mtok_in,
+            self.usd_per_mtok_out,
         )
 
     def observe_service_time(self, seconds: float) -> None:
         """Fold one finished request's end-to-end time into the recent mean."""
-        self.mean_service_s = seconds if not self.mean_service_s else 0.9 * self.mean_service_s + 0.1 * seconds
+        self.mean_service_s = _ewma(self.mean_service_s, seconds)
+
+    def observe_latency(self, ttft_s: float | None, tpot_s: float | None) -> None:
+        """Fold a streamed request's TTFT and TPOT into the recent means (what hosted decisions predict from)."""
+        if ttft_s is not None:
+            self.ttft_s = _ewma(self.ttft_s, ttft_s)
+        if tpot_s is not None:
+            self.tpot_s = _ewma(self.tpot_s, tpot_s)
+
+
+def _ewma(current: float, sample: float, weight: float = 0.1) -> float:
+    return sample if not current else (1 - weight) * current + weight * sample
 
 
 class ReplicaEvents(Protocol):

@@ -66,6 +66,9 @@ class PoolConfig(Strict):
     simulated: SimulatedReplicas | None = None
     context_window: int = Field(default=131072, gt=0)
     prefill_tokens_per_s: float = Field(default=20000.0, gt=0, description="uncached prompt tokens/s, for TTFT")
+    tier: int = Field(default=1, ge=0, description="quality tier; prompts scored complex need a higher one")
+    gpu_usd_per_hour: float = Field(default=0.0, ge=0, description="what one replica costs, for cost accounting")
+    output_tokens_per_s: float = Field(default=1000.0, gt=0, description="one replica's throughput, for cost")
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
@@ -91,12 +94,27 @@ class HostedModelConfig(Strict):
     api_key: str | None = Field(default=None, description="literal, or os.environ/NAME")
     simulated: SimulatedHosted | None = None
     context_window: int = Field(default=200000, gt=0)
+    tier: int = Field(default=2, ge=0)
+    input_per_mtok: float | None = Field(default=None, ge=0, description="USD per million prompt tokens")
+    output_per_mtok: float | None = Field(default=None, ge=0, description="USD per million output tokens")
+    ttft_ms: float = Field(default=500.0, gt=0, description="expected TTFT until measured")
+    tpot_ms: float = Field(default=20.0, gt=0, description="expected time per output token until measured")
 
     @model_validator(mode="after")
     def _has_endpoint(self) -> HostedModelConfig:
         if self.api_base is None and self.simulated is None:
             raise ValueError("a hosted model needs 'api_base' or 'simulated'")
         return self
+
+
+class SpillConfig(Strict):
+    """When a route with hosted targets leaves the replicas."""
+
+    complexity_threshold: float | None = Field(
+        default=None, ge=0, le=1, description="complexity score from which a prompt needs the top tier"
+    )
+    on_slo_miss: Literal["fastest", "queue", "reject"] = "fastest"
+    hysteresis: float = Field(default=0.8, gt=0, le=1, description="replicas must beat this x SLO to win back")
 
 
 class RouteConfig(Strict):
@@ -106,6 +124,15 @@ class RouteConfig(Strict):
     aliases: list[Name] = Field(default_factory=list)
     targets: list[Name] = Field(min_length=1)
     policy: PolicyName = "least_load"
+    """How replicas are ranked; with hosted targets too, the cheapest candidate meeting the SLO wins."""
+    spill: SpillConfig = SpillConfig()
+
+
+class SloConfig(Strict):
+    """Latency targets a tenant's requests should meet."""
+
+    ttft_ms: float = Field(default=1000.0, gt=0)
+    tpot_ms: float = Field(default=50.0, gt=0)
 
 
 class TenantConfig(Strict):
@@ -114,6 +141,8 @@ class TenantConfig(Strict):
     name: Name
     keys: list[str] = Field(min_length=1)
     routes: list[str] = Field(default_factory=lambda: ["*"])
+    slo: SloConfig = SloConfig()
+    residency: Literal["any", "self_hosted_only"] = "any"
 
 
 class PrefixConfig(Strict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from gateway.prefix import Fingerprint
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
-from policies.types import Decision, NoCandidate, RouteRequest
+from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest
 
 log = logging.getLogger("spillgate.proxy")
 
@@ -111,6 +112,11 @@ class CompletionsHandler:
             stream=parsed.stream,
             sequence=route.next_sequence(),
             prefix_key=attempt.fingerprint.prefix_key if attempt.fingerprint else 0,
+            required_tier=self._required_tier(parsed, route),
+            ttft_slo_s=tenant.ttft_slo_s,
+            tpot_slo_s=tenant.tpot_slo_s,
+            self_hosted_only=tenant.self_hosted_only,
+            spilling=route.spilling,
         )
         try:
             decision = route.policy.decide(request, state.registry.snapshot(route.targets, attempt.prefix_tokens))
@@ -121,7 +127,23 @@ class CompletionsHandler:
                 code="no_healthy_backend",
                 headers={"retry-after": "1"},
             ) from None
+        except OverCapacity as exc:
+            raise ApiError(
+                429,
+                f"'{route.name}' is at capacity: {exc}. Retry later.",
+                code="over_capacity",
+                headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))},
+            ) from None
+        route.remember(decision, state.registry[decision.backend].kind)
         return parsed, decision
+
+    def _required_tier(self, parsed: ParsedRequest, route: Route) -> int:
+        """The tier a prompt needs: the route's top tier when the classifier scores it complex."""
+        threshold = route.spill.complexity_threshold
+        if threshold is None or not route.complex_tier:
+            return 0
+        verdict = self._state.classifier.score(parsed.payload)
+        return route.complex_tier if verdict.score >= threshold else 0
 
     def _match_prefix(self, parsed: ParsedRequest, route: Route, tenant: str, attempt: Attempt) -> None:
         """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds."""
@@ -258,7 +280,7 @@ class CompletionsHandler:
             return "error"
         await send({"type": "http.response.body", "body": relay.flush()})
         attempt.usage = relay.usage
-        self._observe_tpot(attempt)
+        self._observe_tpot(backend, attempt)
         return "ok"
 
     async def _relay_upstream_error(self, response: Response, attempt: Attempt, send: Send) -> str:
@@ -274,11 +296,14 @@ class CompletionsHandler:
         await _send_json(send, status, _headers(attempt, _JSON_HEADERS), body)
         return "backend_error" if status >= 500 else "client_error"
 
-    def _observe_tpot(self, attempt: Attempt) -> None:
+    def _observe_tpot(self, backend: Backend, attempt: Attempt) -> None:
+        """Record TPOT, and feed TTFT and TPOT to the backend's recent means (what hosted predictions use)."""
         tokens = (attempt.usage or {}).get("completion_tokens")
+        tpot = None
         if isinstance(tokens, int) and tokens > 1 and attempt.first_token_at:
             tpot = (time.perf_counter() - attempt.first_token_at) / (tokens - 1)
             self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
+        backend.observe_latency(attempt.first_token_at - attempt.sent_at if attempt.first_token_at else None, tpot)
 
     def _count_prompt_tokens(self, attempt: Attempt) -> None:
         usage = attempt.usage or {}

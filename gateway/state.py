@@ -11,13 +11,16 @@ import redis.asyncio as aioredis
 from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
 from cache.shared_index import SharedPrefixIndex
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RouteConfig, SpillConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker
 from gateway.secrets import resolve_secret
 from gateway.tenants import TenantDirectory
+from policies.complexity import ComplexityClassifier
 from policies.engine import Policy
 from policies.registry import build_policy
+from policies.spill import HybridPolicy
+from policies.types import Decision
 
 _ASSUMED_KV_TOKENS = 200_000
 """Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""
@@ -29,11 +32,41 @@ class Route:
 
     name: str
     targets: tuple[str, ...]
-    policy: Policy
+    policy: Policy | HybridPolicy
+    spill: SpillConfig
+    complex_tier: int = 0
+    """The tier a prompt scored complex must get: above every replica's, if a hosted target has one."""
+    spilling: bool = False
+    """Whether the last overflow decision spilled: the hysteresis state, fed back into the next decision."""
     _sequence: Iterator[int] = field(default_factory=itertools.count, repr=False)
 
     def next_sequence(self) -> int:
         return next(self._sequence)
+
+    def remember(self, decision: Decision, chosen_kind: str) -> None:
+        """Track whether the route is spilling: set by an overflow, cleared when replicas win again."""
+        if decision.reason == "overflow":
+            self.spilling = True
+        elif chosen_kind == "replica" and decision.reason not in _KEPT_BY_RULE:
+            self.spilling = False
+
+
+_KEPT_BY_RULE = frozenset({"residency", "budget", "queued", "best_effort"})
+"""Reasons a replica served although it missed the SLO: not evidence that the pool has recovered."""
+
+
+def _complex_tier(route: RouteConfig, config: GatewayConfig) -> int:
+    replica_tiers = [p.tier for p in config.pools if p.name in route.targets]
+    hosted_tiers = [h.tier for h in config.hosted_models if h.name in route.targets]
+    above = [tier for tier in hosted_tiers if tier > max(replica_tiers, default=0)]
+    return min(above, default=0)
+
+
+def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Policy | HybridPolicy:
+    replicas = build_policy(route.policy)
+    if not any(target in hosted_names for target in route.targets):
+        return replicas
+    return HybridPolicy(route.policy, replicas, on_slo_miss=route.spill.on_slo_miss, hysteresis=route.spill.hysteresis)
 
 
 @dataclass
@@ -46,6 +79,7 @@ class GatewayState:
     upstream: Http1Client
     metrics: GatewayMetrics
     prefix: PrefixTracker
+    classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
 
     async def start(self) -> None:
         if self.config.state.redis_url:
@@ -76,6 +110,10 @@ def build_state(
                 url.rstrip("/"),
                 pool.served_model,
                 prefill_tokens_per_s=pool.prefill_tokens_per_s,
+                tier=pool.tier,
+                context_window=pool.context_window,
+                # A replica's cost is its GPU time: $/hour over the tokens it produces in an hour.
+                usd_per_mtok_out=pool.gpu_usd_per_hour / (pool.output_tokens_per_s * 3600) * 1e6,
             )
             for index, url in enumerate(replica_urls[pool.name])
         ]
@@ -83,12 +121,33 @@ def build_state(
         members[pool.name] = [b.name for b in pool_backends]
     for hosted in config.hosted_models:
         api_key = resolve_secret(hosted.api_key) if hosted.api_key else None
-        backends.append(Backend(hosted.name, "hosted", hosted_urls[hosted.name].rstrip("/"), hosted.model, api_key))
+        backends.append(
+            Backend(
+                hosted.name,
+                "hosted",
+                hosted_urls[hosted.name].rstrip("/"),
+                hosted.model,
+                api_key,
+                tier=hosted.tier,
+                context_window=hosted.context_window,
+                usd_per_mtok_in=hosted.input_per_mtok or 0.0,
+                usd_per_mtok_out=hosted.output_per_mtok or 0.0,
+                ttft_s=hosted.ttft_ms / 1000,
+                tpot_s=hosted.tpot_ms / 1000,
+            )
+        )
         members[hosted.name] = [hosted.name]
     routes: dict[str, Route] = {}
+    hosted_names = {h.name for h in config.hosted_models}
     for route_config in config.routes:
         targets = tuple(name for target in route_config.targets for name in members[target])
-        route = Route(route_config.name, targets, build_policy(route_config.policy))
+        route = Route(
+            route_config.name,
+            targets,
+            _route_policy(route_config, hosted_names),
+            route_config.spill,
+            complex_tier=_complex_tier(route_config, config),
+        )
         for name in (route_config.name, *route_config.aliases):
             routes[name] = route
 

@@ -17,6 +17,9 @@ class Tenant:
     name: str
     routes: frozenset[str]
     """Canonical names of the routes this tenant may call; ``"*"`` allows all."""
+    ttft_slo_s: float = float("inf")
+    tpot_slo_s: float = float("inf")
+    self_hosted_only: bool = False
 
     def may_use(self, route: str) -> bool:
         return "*" in self.routes or route in self.routes
@@ -41,7 +44,13 @@ class TenantDirectory:
         self._by_digest: dict[str, Tenant] = {}
         for config in tenants:
             # A tenant may name a route by any alias; it is then allowed the route under every name.
-            tenant = Tenant(config.name, frozenset(route_aliases.get(r, r) for r in config.routes))
+            tenant = Tenant(
+                config.name,
+                frozenset(route_aliases.get(r, r) for r in config.routes),
+                ttft_slo_s=config.slo.ttft_ms / 1000,
+                tpot_slo_s=config.slo.tpot_ms / 1000,
+                self_hosted_only=config.residency == "self_hosted_only",
+            )
             for spec in config.keys:
                 self._by_digest[resolve_key(spec)] = tenant
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))

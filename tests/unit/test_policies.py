@@ -74,6 +74,12 @@ def test_registry_snapshot_maps_every_field() -> None:
         max_running=7,
         mean_service_s=0.25,
         max_total_tokens=99,
+        tier=1,
+        context_window=4096,
+        usd_per_mtok_in=0.1,
+        usd_per_mtok_out=0.2,
+        ttft_s=0.3,
+        tpot_s=0.04,
     )
     backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
     state = backend.state(now=0.0, prefix_tokens=13)
@@ -92,4 +98,10 @@ def test_registry_snapshot_maps_every_field() -> None:
         "prefill_tokens_per_s": 5.0,
         "max_running": 7,
         "mean_service_s": 0.25,
+        "tier": 1,
+        "context_window": 4096,
+        "ttft_s": 0.3,
+        "tpot_s": 0.04,
+        "usd_per_mtok_in": 0.1,
+        "usd_per_mtok_out": 0.2,
     }
