@@ -49,6 +49,7 @@ class Backend:
     ttft_s: float = 0.0
     """Recent TTFT (prior from config until measured)."""
     tpot_s: float = 0.0
+    outstanding_tokens: int = 0
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     max_total_tokens: int = 0
     last_error: str = ""
@@ -87,6 +88,7 @@ class Backend:
             self.tpot_s,
             self.usd_per_mtok_in,
             self.usd_per_mtok_out,
+            self.outstanding_tokens,
         )
 
     def observe_service_time(self, seconds: float) -> None:

@@ -88,6 +88,9 @@ class PrefixIndex:
                 holders[block] = holders.get(block, 0) | bit
         self._evict(entry)
 
+    def knows(self, replica: str) -> bool:
+        return replica in self._replicas
+
     def insert_if_known(self, replica: str, hashes: Sequence[int]) -> None:
         """Like :meth:`insert`, for changes learned from other processes, which may know other replicas."""
         if replica in self._replicas:

@@ -91,6 +91,9 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 "healthy": b.state(now).healthy,
                 "in_flight": b.in_flight,
                 "prefill_tokens_per_s": round(b.prefill.rate),
+                "max_running": b.max_running,
+                "ttft_ms": round(b.ttft_s * 1000, 1),
+                "tpot_ms": round(b.tpot_s * 1000, 2),
                 "last_error": b.last_error or None,
             }
             for b in state.registry

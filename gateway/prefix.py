@@ -63,6 +63,9 @@ class PrefixTracker:
         return self.index.match(fingerprint.hashes, replicas)
 
     def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
+        """``replica`` will hold this prompt once prefilled; hosted backends have no cache we track."""
+        if not self.index.knows(replica):
+            return
         self.index.insert(replica, fingerprint.hashes)
         if self.shared is not None:
             self.shared.publish("insert", replica, fingerprint.hashes)

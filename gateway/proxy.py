@@ -42,6 +42,8 @@ _FAILURES = {
     "timeout": "sent nothing for longer than the gateway's read timeout",
 }
 _MAX_ATTEMPTS = 2
+_ASSUMED_OUTPUT_TOKENS = 256
+"""Output length booked for a request that sets no max_tokens."""
 
 
 @dataclass(slots=True)
@@ -63,6 +65,8 @@ class Attempt:
     """Uncached prompt tokens booked on the backend until its first token arrives."""
     stream: bool = False
     sent_at: float = 0.0
+    booked_tokens: int = 0
+    """Output tokens booked on the backend until the request ends."""
     alone: bool = False
     """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
 
@@ -211,6 +215,8 @@ class CompletionsHandler:
         attempt.alone = backend.in_flight == 0
         attempt.sent_at = time.perf_counter()
         backend.in_flight += 1
+        attempt.booked_tokens = parsed.max_tokens or _ASSUMED_OUTPUT_TOKENS
+        backend.outstanding_tokens += attempt.booked_tokens
         attempt.pending_prefill = max(0, parsed.prompt_tokens - attempt.prefix_tokens.get(backend.name, 0))
         backend.pending_prefill_tokens += attempt.pending_prefill
         if attempt.fingerprint is not None:
@@ -224,6 +230,7 @@ class CompletionsHandler:
     def _settle(self, backend: Backend, attempt: Attempt, *, prefilled: bool) -> None:
         """Undo :meth:`_book` and feed what the backend reported back into the prefix index."""
         backend.in_flight -= 1
+        backend.outstanding_tokens -= attempt.booked_tokens
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
         if prefilled and attempt.stream and attempt.alone and attempt.usage is not None:
@@ -258,6 +265,10 @@ class CompletionsHandler:
             return "error"
         self._first_token(backend, attempt)
         attempt.usage = _usage_of(body)
+        tokens = (attempt.usage or {}).get("completion_tokens")
+        if isinstance(tokens, int) and tokens > 0:
+            # No token timings without a stream: the whole generation over its tokens bounds TPOT from above.
+            backend.observe_latency(None, (time.perf_counter() - attempt.sent_at) / tokens)
         await _send_json(send, response.status, _headers(attempt, _JSON_HEADERS), body)
         return "ok"
 
@@ -332,22 +343,35 @@ class CompletionsHandler:
 
 
 class _DisconnectWatcher:
-    """Cancels the request's task when the client disconnects, so its upstream request is dropped too."""
+    """Cancels the request's task when the client disconnects, so its upstream request is dropped too.
 
-    __slots__ = ("_active", "_task", "disconnected")
+    Only an ``http.disconnect`` message counts: the server may wake ``receive()`` for other reasons (an
+    empty ``http.request`` after the body), and those must not end a healthy stream.
+    """
+
+    __slots__ = ("_active", "_owner", "_receive", "_task", "disconnected")
 
     def __init__(self, receive: Receive) -> None:
         self.disconnected = False
         self._active = True
-        owner = asyncio.current_task()
-        self._task = asyncio.ensure_future(receive())
+        self._receive = receive
+        self._owner = asyncio.current_task()
+        self._task = self._listen()
 
-        def on_message(task: asyncio.Future[dict[str, Any]]) -> None:
-            if self._active and owner is not None and not task.cancelled() and task.exception() is None:
-                self.disconnected = True
-                owner.cancel()
+    def _listen(self) -> asyncio.Future[dict[str, Any]]:
+        task = asyncio.ensure_future(self._receive())
+        task.add_done_callback(self._on_message)
+        return task
 
-        self._task.add_done_callback(on_message)
+    def _on_message(self, task: asyncio.Future[dict[str, Any]]) -> None:
+        if not self._active or task.cancelled() or task.exception() is not None:
+            return
+        if task.result().get("type") != "http.disconnect":
+            self._task = self._listen()
+            return
+        if self._owner is not None and not self._owner.done():
+            self.disconnected = True
+            self._owner.cancel()
 
     def stop(self) -> None:
         """The response is complete: a disconnect from now on is the normal end of the exchange."""

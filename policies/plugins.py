@@ -34,15 +34,21 @@ def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
 
     Prefill ahead is the gateway's own count of uncached prompt tokens still in prefill there (fresh and
     exact for our traffic). A request beyond the replica's running slots (or queued by the replica itself)
-    waits for a running one to finish: its share of a mean service time per slot.
+    waits for a running one to finish: the mean remaining output of the requests in flight there, at the
+    replica's measured time per output token, shared over its slots.
     """
     uncached = max(0, request.prompt_tokens - backend.prefix_tokens)
     prefill = (backend.pending_prefill_tokens + uncached) / backend.prefill_tokens_per_s
     over = backend.queued
     if backend.max_running:
         over = max(over, backend.in_flight + 1 - backend.max_running)
-    slot_wait = over * backend.mean_service_s / max(1, backend.max_running) if over > 0 else 0.0
-    return prefill + slot_wait
+    if over <= 0:
+        return prefill
+    if backend.tpot_s and backend.in_flight:
+        remaining_s = backend.outstanding_tokens / backend.in_flight * backend.tpot_s
+    else:
+        remaining_s = backend.mean_service_s
+    return prefill + over * remaining_s / max(1, backend.max_running)
 
 
 @dataclass(frozen=True, slots=True)

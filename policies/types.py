@@ -67,6 +67,8 @@ class BackendState(NamedTuple):
     """Measured recent time per output token."""
     usd_per_mtok_in: float = 0.0
     usd_per_mtok_out: float = 0.0
+    outstanding_tokens: int = 0
+    """Output tokens still to come for the requests the gateway has in flight here (by their max_tokens)."""
 
     @property
     def load(self) -> int:

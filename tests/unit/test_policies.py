@@ -104,4 +104,5 @@ def test_registry_snapshot_maps_every_field() -> None:
         "tpot_s": 0.04,
         "usd_per_mtok_in": 0.1,
         "usd_per_mtok_out": 0.2,
+        "outstanding_tokens": 0,
     }
