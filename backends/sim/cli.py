@@ -45,6 +45,8 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
+    from backends.sim.hosted_faults import add_fault_arguments
+
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model-name", default="frontier-large")
@@ -53,6 +55,13 @@ def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jitter", type=float, default=0.1, help="relative spread of TTFT and TPOT, in [0, 1)")
     parser.add_argument("--time-scale", type=_positive_float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prompt-cache-min-tokens",
+        type=int,
+        default=1024,
+        help="report repeated prefixes of prompts this long as cached, in 128-token blocks (0: never)",
+    )
+    add_fault_arguments(parser)
     parser.set_defaults(handler=run_hosted)
 
 
@@ -129,5 +138,13 @@ def run_replica(args: argparse.Namespace) -> int:
 
 
 def run_hosted(args: argparse.Namespace) -> int:
-    config = hosted_config_from_args(args)
+    import dataclasses
+
+    from backends.sim.hosted_faults import faults_from_args
+
+    config = dataclasses.replace(
+        hosted_config_from_args(args),
+        prompt_cache_min_tokens=args.prompt_cache_min_tokens,
+        faults=faults_from_args(args),
+    )
     return serve(create_hosted_app(config), config.host, config.port)

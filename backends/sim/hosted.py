@@ -1,7 +1,7 @@
-"""A hosted frontier-model API stand-in: OpenAI's wire format, fixed latency profile, no queueing.
+"""A hosted frontier-model API stand-in: OpenAI's and Anthropic's wire formats, fixed latency profile.
 
-Unlike a replica it has no KV cache or batching: every request waits its own TTFT, then streams
-one token per TPOT, each jittered deterministically from the request and the seed.
+The OpenAI routes live here; ``/v1/messages`` (Anthropic) in ``hosted_anthropic``; the model they share
+(latency, output, prompt cache, injected faults) in ``hosted_model``.
 """
 
 from __future__ import annotations
@@ -9,44 +9,49 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-import xxhash
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.responses import StreamingResponse
 
-from backends.sim.chat_template import ChatTemplate
-from backends.sim.clock import VirtualClock
 from backends.sim.errors import validation_message
-from backends.sim.generation import OutputPlan, TokenStream, plan_output, request_seed
+from backends.sim.hosted_anthropic import add_anthropic_routes
+from backends.sim.hosted_faults import Fault
+from backends.sim.hosted_model import HostedConfig, SimHostedModel, finish_reason
 from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
-from backends.sim.tokenizer import Tokenizer, check_token_ids
+from backends.sim.tokenizer import check_token_ids
 from backends.sim.wire import DONE, OrjsonResponse, sse_event
 
+__all__ = ["HostedConfig", "create_hosted_app"]
+
 SYSTEM_FINGERPRINT = "fp_spillgate_sim"
+# A chunk cut off mid-JSON: what a broken proxy or a truncated write looks like.
+MALFORMED_CHUNK = b'data: {"id": "chatcmpl-broken", "object": "chat.completion.chunk", "choices": [{"index": 0, "de\n\n'
+MALFORMED_BODY = b'{"id": "chatcmpl-broken", "object": "chat.completion", "choices": [{"index": 0, "mess'
 
 
-@dataclass(frozen=True)
-class HostedConfig:
-    """Options of ``spillgate sim-hosted``."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model_name: str = "frontier-large"
-    ttft_ms: float = 350.0
-    tpot_ms: float = 12.0
-    jitter: float = 0.1
-    time_scale: float = 1.0
-    seed: int = 0
-
-
-def _openai_error(message: str, err_type: str, code: str | None, status: int) -> OrjsonResponse:
+def _openai_error(
+    message: str, err_type: str, code: str | None, status: int, headers: dict[str, str] | None = None
+) -> OrjsonResponse:
     return OrjsonResponse(
-        {"error": {"message": message, "type": err_type, "param": None, "code": code}}, status_code=status
+        {"error": {"message": message, "type": err_type, "param": None, "code": code}},
+        status_code=status,
+        headers=headers,
     )
+
+
+def _fault_response(fault: Fault, retry_after_s: int) -> OrjsonResponse | None:
+    """The error OpenAI answers for an injected 429 or 500, or None for no error status."""
+    if fault.status == 429:
+        headers = {"retry-after": str(retry_after_s), "x-ratelimit-remaining-requests": "0"}
+        message = "Rate limit reached for requests (simulated). Please try again later."
+        return _openai_error(message, "requests", "rate_limit_exceeded", 429, headers)
+    if fault.status is not None:
+        message = "The server had an error while processing your request. Sorry about that!"
+        return _openai_error(message, "server_error", None, fault.status)
+    return None
 
 
 class _Unauthorized(Exception):
@@ -59,48 +64,12 @@ async def _require_api_key(request: Request) -> None:
         raise _Unauthorized
 
 
-class _HostedModel:
-    """Latency profile and deterministic output of the hosted model."""
-
-    def __init__(self, config: HostedConfig) -> None:
-        self.config = config
-        self.clock = VirtualClock(config.time_scale)
-        self.tokenizer = Tokenizer()
-        self.template = ChatTemplate(self.tokenizer)
-        self._stopping = False
-
-    def stop(self) -> None:
-        """Cut every stream short at its next token (server shutdown)."""
-        self._stopping = True
-
-    def jittered(self, base_ms: float, seed: int, index: int) -> float:
-        """``base_ms`` in seconds, times a factor in [1 - jitter, 1 + jitter] fixed by seed and index."""
-        unit = xxhash.xxh64_intdigest(index.to_bytes(8, "little"), seed=seed) / 2**64
-        return base_ms / 1000 * (1 + self.config.jitter * (2 * unit - 1))
-
-    def plan(self, prompt_ids: list[int], limit: int | None, request_seed_value: int | None) -> tuple[int, OutputPlan]:
-        seed = request_seed(prompt_ids, self.config.seed, request_seed_value)
-        return seed, plan_output(seed, limit, exact=limit is not None)
-
-    async def tokens(self, seed: int, plan: OutputPlan) -> AsyncIterator[int]:
-        """Output ids, each released at its simulated time (TTFT, then one TPOT per token)."""
-        stream = TokenStream(self.tokenizer, seed, plan)
-        deadline = self.clock.now() + self.jittered(self.config.ttft_ms, seed, 0)
-        for index in range(plan.length):
-            if self._stopping:
-                return
-            if index:
-                deadline += self.jittered(self.config.tpot_ms, seed, index)
-            await self.clock.sleep_until(deadline)
-            yield stream.next_id()
-
-
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
         "completion_tokens_details": {
             "reasoning_tokens": 0,
             "audio_tokens": 0,
@@ -110,15 +79,28 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
-def _finish(plan: OutputPlan) -> str:
-    return "stop" if plan.stops else "length"
+async def _cut_stream(model: SimHostedModel, fault: Fault) -> AsyncIterator[bytes]:
+    """The end of a stream an injected fault cut short: silence, or a broken chunk."""
+    if fault.stall:
+        await model.stall()
+    else:
+        yield MALFORMED_CHUNK
+
+
+async def _cut_body(model: SimHostedModel, fault: Fault) -> Response:
+    if fault.stall:
+        await model.stall()
+        return _openai_error("The server is shutting down.", "server_error", None, 503)
+    return Response(MALFORMED_BODY, media_type="application/json")
 
 
 def create_hosted_app(config: HostedConfig) -> FastAPI:
-    """An OpenAI-compatible app with the hosted model's latency profile."""
-    model = _HostedModel(config)
+    """The simulator's app: OpenAI routes (bearer key) and Anthropic's ``/v1/messages`` (``x-api-key``)."""
+    model = SimHostedModel(config)
+    retry_after_s = config.faults.retry_after_s
     app = FastAPI(title="spillgate hosted-model simulator", docs_url=None, redoc_url=None)
     app.state.stop_generation = model.stop
+    add_anthropic_routes(app, model)
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(request: Request, exc: Exception) -> OrjsonResponse:
@@ -146,22 +128,29 @@ def create_hosted_app(config: HostedConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(_require_api_key)])
     async def chat(body: ChatCompletionRequest) -> Response:
+        fault = model.faults.next()
+        failed = _fault_response(fault, retry_after_s)
+        if failed is not None:
+            return failed
         messages = [message.model_dump(exclude_none=True) for message in body.messages]
         prompt_ids = model.template.render(messages, body.tools)
+        cached = model.cache.match_and_insert(prompt_ids)
         seed, plan = model.plan(prompt_ids, body.token_limit, body.seed)
         rid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": rid, "created": created, "model": config.model_name, "system_fingerprint": SYSTEM_FINGERPRINT}
 
         if not body.stream:
-            ids = [token async for token in model.tokens(seed, plan)]
+            ids = [token async for token in model.tokens(seed, plan, fault.cut_after)]
+            if fault.cut_after is not None:
+                return await _cut_body(model, fault)
             message = {"role": "assistant", "content": model.tokenizer.decode(ids), "refusal": None, "annotations": []}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(plan)}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(plan)}
             return OrjsonResponse(
                 {
                     **head,
                     "object": "chat.completion",
                     "choices": [choice],
-                    "usage": _usage(len(prompt_ids), len(ids)),
+                    "usage": _usage(len(prompt_ids), len(ids), cached),
                     "service_tier": "default",
                 }
             )
@@ -179,14 +168,18 @@ def create_hosted_app(config: HostedConfig) -> FastAPI:
         async def events() -> AsyncIterator[bytes]:
             yield chunk({"role": "assistant", "content": "", "refusal": None}, None)
             count = 0
-            async for token in model.tokens(seed, plan):
+            async for token in model.tokens(seed, plan, fault.cut_after):
                 count += 1
                 text = model.tokenizer.decode([token])
                 if text:
                     yield chunk({"content": text}, None)
-            yield chunk({}, _finish(plan))
+            if fault.cut_after is not None:
+                async for tail in _cut_stream(model, fault):
+                    yield tail
+                return
+            yield chunk({}, finish_reason(plan))
             if body.include_usage:
-                usage = _usage(len(prompt_ids), count)
+                usage = _usage(len(prompt_ids), count, cached)
                 yield sse_event({**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
             yield DONE
 
@@ -200,26 +193,38 @@ def create_hosted_app(config: HostedConfig) -> FastAPI:
             check_token_ids(prompt_ids)
         except ValueError as exc:
             return _openai_error(str(exc), "invalid_request_error", None, 400)
+        fault = model.faults.next()
+        failed = _fault_response(fault, retry_after_s)
+        if failed is not None:
+            return failed
+        cached = model.cache.match_and_insert(prompt_ids)
         seed, plan = model.plan(prompt_ids, body.max_tokens, body.seed)
         rid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": config.model_name}
 
         if not body.stream:
-            ids = [token async for token in model.tokens(seed, plan)]
-            choice = {"index": 0, "text": model.tokenizer.decode(ids), "logprobs": None, "finish_reason": _finish(plan)}
-            return OrjsonResponse({**head, "choices": [choice], "usage": _usage(len(prompt_ids), len(ids))})
+            ids = [token async for token in model.tokens(seed, plan, fault.cut_after)]
+            if fault.cut_after is not None:
+                return await _cut_body(model, fault)
+            text = model.tokenizer.decode(ids)
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(plan)}
+            return OrjsonResponse({**head, "choices": [choice], "usage": _usage(len(prompt_ids), len(ids), cached)})
 
         async def events() -> AsyncIterator[bytes]:
             count = 0
-            async for token in model.tokens(seed, plan):
+            async for token in model.tokens(seed, plan, fault.cut_after):
                 count += 1
-                finish = _finish(plan) if count == plan.length else None
+                finish = finish_reason(plan) if count == plan.length else None
                 text = model.tokenizer.decode([token])
                 yield sse_event(
                     {**head, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
                 )
+            if fault.cut_after is not None:
+                async for tail in _cut_stream(model, fault):
+                    yield tail
+                return
             if body.include_usage:
-                yield sse_event({**head, "choices": [], "usage": _usage(len(prompt_ids), count)})
+                yield sse_event({**head, "choices": [], "usage": _usage(len(prompt_ids), count, cached)})
             yield DONE
 
         return _stream(events())
