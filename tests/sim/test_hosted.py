@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from backends.sim.hosted_faults import FaultConfig, FaultSchedule
 from tests.sim.conftest import StartReplica
 from tests.support.procs import RunningProcess
 
@@ -196,3 +197,13 @@ def test_injected_stream_faults(start_sim: StartReplica) -> None:
             received.append(line)
     assert sum(line == "event: content_block_delta" for line in received) == 2
     assert "event: message_stop" not in received
+
+
+def test_fail_rate_is_seeded_and_close_to_the_rate() -> None:
+    def statuses(seed: int) -> list[int | None]:
+        schedule = FaultSchedule(FaultConfig(fail_rate=0.25, seed=seed))
+        return [schedule.next().status for _ in range(2000)]
+
+    first = statuses(seed=1)
+    assert first == statuses(seed=1) and first != statuses(seed=2)
+    assert set(first) == {None, 500} and 0.22 < first.count(500) / len(first) < 0.28
