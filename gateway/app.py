@@ -15,7 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.errors import ApiError, error_body
-from gateway.proxy import CompletionsHandler, Receive, Scope, Send
+from gateway.exchange import Receive, Scope, Send
+from gateway.proxy import CompletionsHandler
 from gateway.state import GatewayState
 
 log = logging.getLogger("spillgate.gateway")

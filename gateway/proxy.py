@@ -10,10 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,7 +18,21 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.errors import ApiError, error_body
-from gateway.prefix import Fingerprint
+from gateway.exchange import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    Attempt,
+    DisconnectWatcher,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    request_id,
+    response_headers,
+    send_error,
+    send_json,
+)
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -29,12 +40,6 @@ from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest
 
 log = logging.getLogger("spillgate.proxy")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _UPSTREAM_STATUS = {"connect": 502, "protocol": 502, "timeout": 504}
 _FAILURES = {
     "connect": "could not be reached",
@@ -44,31 +49,6 @@ _FAILURES = {
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
-
-
-@dataclass(slots=True)
-class Attempt:
-    """What one request did, for the response headers and the metrics."""
-
-    request_id: str
-    started: float
-    route: str = "-"
-    backend: str = "-"
-    reason: str = "-"
-    outcome: str = "error"
-    first_token_at: float = 0.0
-    usage: dict[str, Any] | None = None
-    fingerprint: Fingerprint | None = None
-    matched_blocks: dict[str, int] = field(default_factory=dict)
-    prefix_tokens: dict[str, int] = field(default_factory=dict)
-    pending_prefill: int = 0
-    """Uncached prompt tokens booked on the backend until its first token arrives."""
-    stream: bool = False
-    sent_at: float = 0.0
-    booked_tokens: int = 0
-    """Output tokens booked on the backend until the request ends."""
-    alone: bool = False
-    """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
 
 
 class CompletionsHandler:
@@ -81,21 +61,21 @@ class CompletionsHandler:
         self._parse = parse_chat_request if self._chat else parse_completion_request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        attempt = Attempt(request_id=_request_id(scope), started=time.perf_counter())
+        attempt = Attempt(request_id=request_id(scope), started=time.perf_counter())
         if scope["method"] != "POST":
-            await _send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
+            await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
             return
         try:
-            body = await _read_body(scope, receive, self._state.config.limits.max_body_bytes)
+            body = await read_body(scope, receive, self._state.config.limits.max_body_bytes)
             parsed, decision = self._admit(scope, body, attempt)
         except ApiError as error:
-            await _send_error(send, attempt, error)
+            await send_error(send, attempt, error)
             return
         await self._forward(parsed, decision, attempt, receive, send)
 
     def _admit(self, scope: Scope, body: bytes, attempt: Attempt) -> tuple[ParsedRequest, Decision]:
         state = self._state
-        tenant = state.tenants.authenticate(_header(scope, b"authorization"))
+        tenant = state.tenants.authenticate(header(scope, b"authorization"))
         parsed = self._parse(body, state.config.limits)
         route = state.routes.get(parsed.model)
         if route is None:
@@ -163,7 +143,7 @@ class CompletionsHandler:
     async def _forward(
         self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, receive: Receive, send: Send
     ) -> None:
-        watcher = _DisconnectWatcher(receive)
+        watcher = DisconnectWatcher(receive)
         try:
             attempt.outcome = await self._try_backends(parsed, decision, attempt, send)
         except asyncio.CancelledError:
@@ -192,7 +172,7 @@ class CompletionsHandler:
                 continue
             return await self._relay(response, backend, parsed, attempt, send)
         assert error is not None
-        await _send_error(send, attempt, error)
+        await send_error(send, attempt, error)
         return "error"
 
     async def _open(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> Response:
@@ -261,7 +241,7 @@ class CompletionsHandler:
         try:
             body = await response.read()
         except HttpError as exc:
-            await _send_error(send, attempt, _upstream_error(exc, attempt.backend))
+            await send_error(send, attempt, _upstream_error(exc, attempt.backend))
             return "error"
         self._first_token(backend, attempt)
         attempt.usage = _usage_of(body)
@@ -269,13 +249,13 @@ class CompletionsHandler:
         if isinstance(tokens, int) and tokens > 0:
             # No token timings without a stream: the whole generation over its tokens bounds TPOT from above.
             backend.observe_latency(None, (time.perf_counter() - attempt.sent_at) / tokens)
-        await _send_json(send, response.status, _headers(attempt, _JSON_HEADERS), body)
+        await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "ok"
 
     async def _relay_stream(
         self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
     ) -> str:
-        await send({"type": "http.response.start", "status": 200, "headers": _headers(attempt, _SSE_HEADERS)})
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)})
         relay = EventRelay(strip_usage=not parsed.include_usage)
         try:
             async for data in response.iter_bytes():
@@ -304,7 +284,7 @@ class CompletionsHandler:
             body = error_body(status, f"Backend {attempt.backend} answered {response.status}.", code="backend_error")
         else:
             status = response.status
-        await _send_json(send, status, _headers(attempt, _JSON_HEADERS), body)
+        await send_json(send, status, response_headers(attempt, JSON_HEADERS), body)
         return "backend_error" if status >= 500 else "client_error"
 
     def _observe_tpot(self, backend: Backend, attempt: Attempt) -> None:
@@ -342,91 +322,6 @@ class CompletionsHandler:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
 
 
-class _DisconnectWatcher:
-    """Cancels the request's task when the client disconnects, so its upstream request is dropped too.
-
-    Only an ``http.disconnect`` message counts: the server may wake ``receive()`` for other reasons (an
-    empty ``http.request`` after the body), and those must not end a healthy stream.
-    """
-
-    __slots__ = ("_active", "_owner", "_receive", "_task", "disconnected")
-
-    def __init__(self, receive: Receive) -> None:
-        self.disconnected = False
-        self._active = True
-        self._receive = receive
-        self._owner = asyncio.current_task()
-        self._task = self._listen()
-
-    def _listen(self) -> asyncio.Future[dict[str, Any]]:
-        task = asyncio.ensure_future(self._receive())
-        task.add_done_callback(self._on_message)
-        return task
-
-    def _on_message(self, task: asyncio.Future[dict[str, Any]]) -> None:
-        if not self._active or task.cancelled() or task.exception() is not None:
-            return
-        if task.result().get("type") != "http.disconnect":
-            self._task = self._listen()
-            return
-        if self._owner is not None and not self._owner.done():
-            self.disconnected = True
-            self._owner.cancel()
-
-    def stop(self) -> None:
-        """The response is complete: a disconnect from now on is the normal end of the exchange."""
-        self._active = False
-        self._task.cancel()
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = _header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ApiError(400, "Client disconnected before sending the whole body.")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(
-        413, f"Request body is larger than this gateway's limit of {limit} bytes.", code="request_too_large"
-    )
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-def _request_id(scope: Scope) -> str:
-    given = _header(scope, b"x-request-id")
-    if given and len(given) <= 128 and given.isascii() and given.isprintable():
-        return given
-    return os.urandom(12).hex()
-
-
-def _headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [
-        *base,
-        (b"x-request-id", attempt.request_id.encode()),
-        (b"x-spillgate-backend", attempt.backend.encode()),
-        (b"x-spillgate-reason", attempt.reason.encode()),
-    ]
-
-
 def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
     usage = attempt.usage or {}
     details = usage.get("prompt_tokens_details")
@@ -457,14 +352,3 @@ def _upstream_error(exc: HttpError, backend: str) -> ApiError:
     """The client learns which backend failed and how, not its address or the socket error."""
     log.info("backend %s failed: %s", backend, exc)
     return ApiError(_UPSTREAM_STATUS[exc.kind], f"Backend {backend} {_FAILURES[exc.kind]}.", code=f"backend_{exc.kind}")
-
-
-async def _send_error(send: Send, attempt: Attempt, error: ApiError) -> None:
-    headers = _headers(attempt, _JSON_HEADERS) + [(k.encode(), v.encode()) for k, v in error.headers.items()]
-    await _send_json(send, error.status, headers, error.body())
-
-
-async def _send_json(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

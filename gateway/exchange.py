@@ -1,0 +1,140 @@
+"""One HTTP exchange on the hot path: its record, ASGI plumbing, and responses in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ApiError
+from gateway.prefix import Fingerprint
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What one request did, for the response headers and the metrics."""
+
+    request_id: str
+    started: float
+    route: str = "-"
+    backend: str = "-"
+    reason: str = "-"
+    outcome: str = "error"
+    first_token_at: float = 0.0
+    usage: dict[str, Any] | None = None
+    fingerprint: Fingerprint | None = None
+    matched_blocks: dict[str, int] = field(default_factory=dict)
+    prefix_tokens: dict[str, int] = field(default_factory=dict)
+    pending_prefill: int = 0
+    """Uncached prompt tokens booked on the backend until its first token arrives."""
+    stream: bool = False
+    sent_at: float = 0.0
+    booked_tokens: int = 0
+    """Output tokens booked on the backend until the request ends."""
+    alone: bool = False
+    """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
+
+
+class DisconnectWatcher:
+    """Cancels the request's task when the client disconnects, so its upstream request is dropped too.
+
+    Only an ``http.disconnect`` message counts: the server may wake ``receive()`` for other reasons (an
+    empty ``http.request`` after the body), and those must not end a healthy stream.
+    """
+
+    __slots__ = ("_active", "_owner", "_receive", "_task", "disconnected")
+
+    def __init__(self, receive: Receive) -> None:
+        self.disconnected = False
+        self._active = True
+        self._receive = receive
+        self._owner = asyncio.current_task()
+        self._task = self._listen()
+
+    def _listen(self) -> asyncio.Future[dict[str, Any]]:
+        task = asyncio.ensure_future(self._receive())
+        task.add_done_callback(self._on_message)
+        return task
+
+    def _on_message(self, task: asyncio.Future[dict[str, Any]]) -> None:
+        if not self._active or task.cancelled() or task.exception() is not None:
+            return
+        if task.result().get("type") != "http.disconnect":
+            self._task = self._listen()
+            return
+        if self._owner is not None and not self._owner.done():
+            self.disconnected = True
+            self._owner.cancel()
+
+    def stop(self) -> None:
+        """The response is complete: a disconnect from now on is the normal end of the exchange."""
+        self._active = False
+        self._task.cancel()
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ApiError(400, "Client disconnected before sending the whole body.")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"Request body is larger than this gateway's limit of {limit} bytes.", code="request_too_large"
+    )
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def request_id(scope: Scope) -> str:
+    given = header(scope, b"x-request-id")
+    if given and len(given) <= 128 and given.isascii() and given.isprintable():
+        return given
+    return os.urandom(12).hex()
+
+
+def response_headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [
+        *base,
+        (b"x-request-id", attempt.request_id.encode()),
+        (b"x-spillgate-backend", attempt.backend.encode()),
+        (b"x-spillgate-reason", attempt.reason.encode()),
+    ]
+
+
+async def send_error(send: Send, attempt: Attempt, error: ApiError) -> None:
+    headers = response_headers(attempt, JSON_HEADERS) + [(k.encode(), v.encode()) for k, v in error.headers.items()]
+    await send_json(send, error.status, headers, error.body())
+
+
+async def send_json(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
