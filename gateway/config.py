@@ -86,25 +86,21 @@ class SimulatedHosted(Strict):
 
 
 class HostedModelConfig(Strict):
-    """A hosted frontier model behind an OpenAI-compatible API."""
+    """A hosted frontier model, reached through litellm: any provider it supports."""
 
     name: Name
-    model: str = Field(min_length=1, description="the model name the provider expects")
+    model: str = Field(min_length=1, description="litellm model: openai/gpt-4o, anthropic/claude-..., bedrock/...")
     api_base: Annotated[str, Field(pattern=r"^https?://")] | None = None
-    api_key: str | None = Field(default=None, description="literal, or os.environ/NAME")
+    api_key: str | None = Field(default=None, description="literal, or os.environ/NAME; never from clients")
     simulated: SimulatedHosted | None = None
     context_window: int = Field(default=200000, gt=0)
     tier: int = Field(default=2, ge=0)
     input_per_mtok: float | None = Field(default=None, ge=0, description="USD per million prompt tokens")
     output_per_mtok: float | None = Field(default=None, ge=0, description="USD per million output tokens")
+    cached_input_per_mtok: float | None = Field(default=None, ge=0, description="USD per million cached tokens")
     ttft_ms: float = Field(default=500.0, gt=0, description="expected TTFT until measured")
     tpot_ms: float = Field(default=20.0, gt=0, description="expected time per output token until measured")
-
-    @model_validator(mode="after")
-    def _has_endpoint(self) -> HostedModelConfig:
-        if self.api_base is None and self.simulated is None:
-            raise ValueError("a hosted model needs 'api_base' or 'simulated'")
-        return self
+    timeout_s: float = Field(default=120.0, gt=0, description="longest silence from the provider")
 
 
 class SpillConfig(Strict):

@@ -15,6 +15,16 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+
+class TryElsewhere(Exception):
+    """A backend failed before the client saw a byte: another candidate may take the request."""
+
+    def __init__(self, error: ApiError, *, retryable: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retryable = retryable
+
+
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -29,6 +39,7 @@ class Attempt:
     backend: str = "-"
     reason: str = "-"
     outcome: str = "error"
+    cost_usd: float | None = None
     first_token_at: float = 0.0
     usage: dict[str, Any] | None = None
     fingerprint: Fingerprint | None = None

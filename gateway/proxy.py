@@ -26,6 +26,7 @@ from gateway.exchange import (
     Receive,
     Scope,
     Send,
+    TryElsewhere,
     header,
     read_body,
     request_id,
@@ -33,6 +34,7 @@ from gateway.exchange import (
     send_error,
     send_json,
 )
+from gateway.hosted_relay import HostedRelay
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -56,6 +58,7 @@ class CompletionsHandler:
 
     def __init__(self, state: GatewayState, upstream_path: str) -> None:
         self._state = state
+        self._hosted = HostedRelay(state.hosted_models)
         self._upstream_path = upstream_path
         self._chat = upstream_path.endswith("chat/completions")
         self._parse = parse_chat_request if self._chat else parse_completion_request
@@ -101,6 +104,7 @@ class CompletionsHandler:
             tpot_slo_s=tenant.tpot_slo_s,
             self_hosted_only=tenant.self_hosted_only,
             spilling=route.spilling,
+            chat=self._chat,
         )
         try:
             decision = route.policy.decide(request, state.registry.snapshot(route.targets, attempt.prefix_tokens))
@@ -155,40 +159,58 @@ class CompletionsHandler:
             self._record(attempt)
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
-        """Send to the first choice; if it cannot be reached, to the next (nothing was generated yet)."""
+        """Send to the first choice; if it fails before the client saw a byte, to the next one."""
         registry = self._state.registry
         error: ApiError | None = None
         for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
             backend = registry[name]
             attempt.backend = name
             attempt.reason = decision.reason if index == 0 else "fallback"
+            attempt.first_token_at = 0.0
+            attempt.usage = None
+            self._book(backend, parsed, attempt)
             try:
-                response = await self._open(backend, parsed, attempt)
-            except HttpError as exc:
-                error = _upstream_error(exc, name)
-                if exc.kind != "connect":
+                if backend.kind == "hosted":
+                    return await self._hosted.serve(backend, parsed, attempt, send, self._first_token)
+                return await self._serve_replica(backend, parsed, attempt, send)
+            except TryElsewhere as failure:
+                error = failure.error
+                if not failure.retryable:
                     break
-                registry.report_failure(backend, str(exc))
-                continue
-            return await self._relay(response, backend, parsed, attempt, send)
+            finally:
+                self._settle(backend, attempt, prefilled=bool(attempt.first_token_at))
         assert error is not None
         await send_error(send, attempt, error)
         return "error"
 
-    async def _open(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> Response:
+    async def _serve_replica(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
         payload = parsed.payload
         payload["model"] = backend.served_model
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
-        self._book(backend, parsed, attempt)
         try:
-            return await self._state.upstream.post(
+            response = await self._state.upstream.post(
                 backend.base_url, self._upstream_path, orjson.dumps(payload), backend.request_headers
             )
-        except BaseException:
-            self._settle(backend, attempt, prefilled=False)
-            raise
+        except HttpError as exc:
+            if exc.kind == "connect":
+                self._state.registry.report_failure(backend, str(exc))
+            # Only a refused connection is surely unprocessed; a timeout may still be generating.
+            raise TryElsewhere(_upstream_error(exc, backend.name), retryable=exc.kind == "connect") from None
+        try:
+            if response.status >= 500:
+                raise TryElsewhere(
+                    ApiError(502, f"Backend {backend.name} answered {response.status}.", code="backend_error"),
+                    retryable=True,
+                )
+            if response.status >= 400:
+                return await self._relay_client_error(response, attempt, send)
+            if parsed.stream:
+                return await self._relay_stream(response, backend, parsed, attempt, send)
+            return await self._relay_whole(response, backend, attempt, send)
+        finally:
+            response.close()
 
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
@@ -223,19 +245,6 @@ class CompletionsHandler:
             self._state.prefix.failed(backend.name, fingerprint, predicted)
         elif attempt.usage is not None:
             self._state.prefix.observed(backend.name, fingerprint, predicted, attempt.usage)
-
-    async def _relay(
-        self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
-    ) -> str:
-        try:
-            if response.status >= 400:
-                return await self._relay_upstream_error(response, attempt, send)
-            if parsed.stream:
-                return await self._relay_stream(response, backend, parsed, attempt, send)
-            return await self._relay_whole(response, backend, attempt, send)
-        finally:
-            response.close()
-            self._settle(backend, attempt, prefilled=bool(attempt.first_token_at))
 
     async def _relay_whole(self, response: Response, backend: Backend, attempt: Attempt, send: Send) -> str:
         try:
@@ -274,18 +283,18 @@ class CompletionsHandler:
         self._observe_tpot(backend, attempt)
         return "ok"
 
-    async def _relay_upstream_error(self, response: Response, attempt: Attempt, send: Send) -> str:
+    async def _relay_client_error(self, response: Response, attempt: Attempt, send: Send) -> str:
+        """A 4xx from the backend is about the request: pass it on, in OpenAI's shape."""
         try:
             body = await response.read()
         except HttpError:
             body = b""
-        if response.status >= 500 or not _is_openai_error(body):
-            status = 502 if response.status >= 500 else response.status
-            body = error_body(status, f"Backend {attempt.backend} answered {response.status}.", code="backend_error")
-        else:
-            status = response.status
-        await send_json(send, status, response_headers(attempt, JSON_HEADERS), body)
-        return "backend_error" if status >= 500 else "client_error"
+        if not _is_openai_error(body):
+            body = error_body(
+                response.status, f"Backend {attempt.backend} refused the request.", code="backend_refused"
+            )
+        await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
+        return "client_error"
 
     def _observe_tpot(self, backend: Backend, attempt: Attempt) -> None:
         """Record TPOT, and feed TTFT and TPOT to the backend's recent means (what hosted predictions use)."""

@@ -86,28 +86,30 @@ def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[
             urls += [children.start("sim-replica", [*args, *sim.extra_args]) for _ in range(sim.count)]
         replica_urls[pool.name] = urls
     hosted_urls: dict[str, str] = {}
+    """API bases of the simulated hosted models (real ones use their configured ``api_base``)."""
+    started: list[str] = []
     for hosted in config.hosted_models:
-        if hosted.simulated is not None:
-            sim = hosted.simulated
-            hosted_urls[hosted.name] = children.start(
-                "sim-hosted",
-                [
-                    "--model-name",
-                    hosted.model,
-                    "--ttft-ms",
-                    str(sim.ttft_ms),
-                    "--tpot-ms",
-                    str(sim.tpot_ms),
-                    "--time-scale",
-                    str(sim.time_scale),
-                ],
-            )
-        else:
-            assert hosted.api_base is not None
-            hosted_urls[hosted.name] = hosted.api_base.removesuffix("/v1").removesuffix("/v1/")
+        if hosted.simulated is None:
+            continue
+        sim = hosted.simulated
+        url = children.start(
+            "sim-hosted",
+            [
+                "--model-name",
+                hosted.model.split("/", 1)[-1],
+                "--ttft-ms",
+                str(sim.ttft_ms),
+                "--tpot-ms",
+                str(sim.tpot_ms),
+                "--time-scale",
+                str(sim.time_scale),
+            ],
+        )
+        started.append(url)
+        # litellm appends /chat/completions to an OpenAI-style base and /v1/messages to Anthropic's.
+        hosted_urls[hosted.name] = url if hosted.model.startswith("anthropic/") else url + "/v1"
     simulated = [u for p in config.pools if p.simulated for u in replica_urls[p.name][len(p.replicas) :]]
-    simulated += [hosted_urls[h.name] for h in config.hosted_models if h.simulated]
-    children.wait_ready(simulated)
+    children.wait_ready(simulated + started)
     return replica_urls, hosted_urls
 
 
@@ -127,8 +129,9 @@ def _print_banner(
     ]
     for pool in config.pools:
         lines.append(f"  pool {pool.name}: {', '.join(replica_urls[pool.name])}")
-    for name, hosted_url in hosted_urls.items():
-        lines.append(f"  hosted {name}: {hosted_url}")
+    for hosted in config.hosted_models:
+        where = hosted_urls.get(hosted.name) or hosted.api_base or "provider default"
+        lines.append(f"  hosted {hosted.name}: {hosted.model} at {where}")
     routes = ", ".join(r.name for r in config.routes)
     lines.append(f"  routes (use as 'model'): {routes}")
     for tenant in config.tenants:

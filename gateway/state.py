@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
+from backends.hosted import HostedModel, PriceOverride
 from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
 from cache.shared_index import SharedPrefixIndex
@@ -55,6 +56,26 @@ _KEPT_BY_RULE = frozenset({"residency", "budget", "queued", "best_effort"})
 """Reasons a replica served although it missed the SLO: not evidence that the pool has recovered."""
 
 
+def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dict[str, HostedModel]:
+    """Hosted models with resolved keys and prices; loads litellm (seconds) only when there are any."""
+    if not config.hosted_models:
+        return {}
+    import backends.hosted.client  # noqa: F401  (litellm, offline, at start-up rather than on a request)
+
+    models = {}
+    for hosted in config.hosted_models:
+        override = PriceOverride(hosted.input_per_mtok, hosted.output_per_mtok, hosted.cached_input_per_mtok)
+        models[hosted.name] = HostedModel(
+            name=hosted.name,
+            litellm_model=hosted.model,
+            api_base=hosted_urls.get(hosted.name) or hosted.api_base,
+            api_key=resolve_secret(hosted.api_key) if hosted.api_key else None,
+            timeout_s=hosted.timeout_s,
+            connect_timeout_s=config.timeouts.connect_s,
+        ).with_price(override)
+    return models
+
+
 def _complex_tier(route: RouteConfig, config: GatewayConfig) -> int:
     replica_tiers = [p.tier for p in config.pools if p.name in route.targets]
     hosted_tiers = [h.tier for h in config.hosted_models if h.name in route.targets]
@@ -79,6 +100,7 @@ class GatewayState:
     upstream: Http1Client
     metrics: GatewayMetrics
     prefix: PrefixTracker
+    hosted_models: Mapping[str, HostedModel] = field(default_factory=dict)
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
 
     async def start(self) -> None:
@@ -119,19 +141,20 @@ def build_state(
         ]
         backends += pool_backends
         members[pool.name] = [b.name for b in pool_backends]
+    hosted_models = _hosted_models(config, hosted_urls)
     for hosted in config.hosted_models:
-        api_key = resolve_secret(hosted.api_key) if hosted.api_key else None
+        model = hosted_models[hosted.name]
+        price = model.price
         backends.append(
             Backend(
                 hosted.name,
                 "hosted",
-                hosted_urls[hosted.name].rstrip("/"),
+                model.api_base or "",
                 hosted.model,
-                api_key,
                 tier=hosted.tier,
                 context_window=hosted.context_window,
-                usd_per_mtok_in=hosted.input_per_mtok or 0.0,
-                usd_per_mtok_out=hosted.output_per_mtok or 0.0,
+                usd_per_mtok_in=price.input * 1e6 if price else 0.0,
+                usd_per_mtok_out=price.output * 1e6 if price else 0.0,
                 ttft_s=hosted.ttft_ms / 1000,
                 tpot_s=hosted.tpot_ms / 1000,
             )
@@ -170,4 +193,5 @@ def build_state(
         tenants=TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases),
         upstream=Http1Client(connect_timeout=config.timeouts.connect_s, read_timeout=config.timeouts.read_s),
         metrics=GatewayMetrics(),
+        hosted_models=hosted_models,
     )

@@ -49,7 +49,7 @@ def allowed(request: RouteRequest, backend: BackendState) -> bool:
     """Health, residency, budget and context window: what may serve this request at all."""
     if not backend.healthy:
         return False
-    if backend.kind == "hosted" and (request.self_hosted_only or not request.hosted_allowed):
+    if backend.kind == "hosted" and (request.self_hosted_only or not request.hosted_allowed or not request.chat):
         return False
     return not backend.context_window or request.prompt_tokens + request.max_tokens <= backend.context_window
 

@@ -34,6 +34,8 @@ class RouteRequest(NamedTuple):
     """False when the tenant's hosted budget is spent."""
     spilling: bool = False
     """The route spilled its last overflow decision; it keeps spilling until replicas are clearly back."""
+    chat: bool = True
+    """A chat request; hosted models are reached through a chat-only client."""
 
 
 class BackendState(NamedTuple):

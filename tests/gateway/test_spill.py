@@ -29,7 +29,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]
     config["hosted_models"] = [
         {
             "name": "frontier",
-            "model": "frontier-large",
+            "model": "openai/frontier-large",
             "api_base": hosted.url + "/v1",
             "api_key": "sk-provider",
             "ttft_ms": 80,

@@ -1,0 +1,88 @@
+"""Serving a request on a hosted model through litellm, relayed in OpenAI's format whatever the provider.
+
+A failure before the client saw a byte becomes :class:`~gateway.exchange.TryElsewhere`, so the gateway
+can fall back to another candidate (replicas or another provider); a failure mid-stream is reported
+in-band, as OpenAI does. Provider keys never reach the client: error messages come from
+``backends.hosted``, which scrubs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from backends.hosted import HostedCompletion, HostedError, HostedModel
+from backends.registry import Backend
+from gateway.errors import ApiError
+from gateway.exchange import JSON_HEADERS, SSE_HEADERS, Attempt, Send, TryElsewhere, response_headers, send_json
+from gateway.validation import ParsedRequest
+
+FirstToken = Callable[[Backend, Attempt], None]
+
+_STATUS = {
+    "rate_limited": 429,
+    "server_error": 502,
+    "timeout": 504,
+    "connect": 502,
+    "malformed": 502,
+    "bad_request": 400,
+}
+
+
+class HostedRelay:
+    def __init__(self, models: Mapping[str, HostedModel]) -> None:
+        self._models = models
+
+    async def serve(
+        self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send, first_token: FirstToken
+    ) -> str:
+        from backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
+
+        try:
+            result = await complete(self._models[backend.name], parsed.payload)
+        except HostedError as exc:
+            raise _try_elsewhere(exc, backend.name) from None
+        if isinstance(result, HostedCompletion):
+            first_token(backend, attempt)
+            attempt.usage = result.usage.to_openai() if result.usage else None
+            attempt.cost_usd = result.cost_usd
+            await send_json(send, 200, response_headers(attempt, JSON_HEADERS), result.body)
+            return "ok"
+        try:
+            events = aiter(result)
+            try:
+                first = await anext(events)
+            except StopAsyncIteration:
+                first = b""
+            except HostedError as exc:
+                raise _try_elsewhere(exc, backend.name) from None
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)}
+            )
+            first_token(backend, attempt)
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            try:
+                async for chunk in events:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except HostedError as exc:
+                message = _api_error(exc, backend.name).body()
+                await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
+                return "error"
+            await send({"type": "http.response.body", "body": b""})
+            attempt.usage = result.usage.to_openai() if result.usage else None
+            attempt.cost_usd = result.cost_usd
+            return "ok"
+        finally:
+            await result.aclose()
+
+
+def _api_error(exc: HostedError, backend: str) -> ApiError:
+    status = _STATUS.get(exc.kind, 502)
+    if exc.kind == "bad_request" and exc.status and 400 <= exc.status < 500:
+        status = exc.status
+    headers = {"retry-after": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else {}
+    return ApiError(status, f"Hosted model {backend}: {exc}", code=f"hosted_{exc.kind}", headers=headers)
+
+
+def _try_elsewhere(exc: HostedError, backend: str) -> TryElsewhere:
+    """Anything but a rejected request may succeed elsewhere, as long as nothing was streamed yet."""
+    return TryElsewhere(_api_error(exc, backend), retryable=exc.kind != "bad_request" and not exc.streamed_anything)
