@@ -47,6 +47,18 @@ class GatewayMetrics:
             ("backend", "kind"),
             registry=self.registry,
         )
+        self.spend = Counter(
+            "spillgate_spend_usd",
+            "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",
+            ("route", "backend", "kind"),
+            registry=self.registry,
+        )
+        self.hosted_equivalent = Counter(
+            "spillgate_hosted_equivalent_usd",
+            "What the same requests would have cost on the route's hosted model: the baseline for savings.",
+            ("route",),
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "spillgate_backend_in_flight",
             "Requests the gateway has in flight per backend.",

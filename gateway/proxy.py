@@ -319,6 +319,21 @@ class CompletionsHandler:
         if attempt.fingerprint is not None:
             counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
 
+    def _count_spend(self, attempt: Attempt) -> None:
+        usage = attempt.usage or {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not isinstance(prompt, int) or not isinstance(completion, int):
+            return
+        backend = self._state.registry[attempt.backend]
+        cost = attempt.cost_usd
+        if cost is None:  # a replica: its GPU time, priced per output token
+            cost = completion * backend.usd_per_mtok_out / 1e6
+        metrics = self._state.metrics
+        metrics.spend.labels(attempt.route, attempt.backend, backend.kind).inc(cost)
+        reference = self._state.routes[attempt.route].reference_price
+        if reference is not None:
+            metrics.hosted_equivalent.labels(attempt.route).inc(reference.cost(prompt, completion, _cached(usage)))
+
     def _record(self, attempt: Attempt) -> None:
         metrics = self._state.metrics
         metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
@@ -327,6 +342,7 @@ class CompletionsHandler:
             metrics.e2e.labels(attempt.backend).observe(e2e)
             self._state.registry[attempt.backend].observe_service_time(e2e)
             self._count_prompt_tokens(attempt)
+            self._count_spend(attempt)
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
 
@@ -347,6 +363,12 @@ def _usage_of(body: bytes) -> dict[str, Any] | None:
         return None
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def _cached(usage: dict[str, Any]) -> int:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else 0
 
 
 def _is_openai_error(body: bytes) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from backends.hosted import HostedModel, PriceOverride
+from backends.hosted import HostedModel, Price, PriceOverride
 from backends.http1 import Http1Client
 from backends.registry import Backend, BackendRegistry
 from cache.shared_index import SharedPrefixIndex
@@ -35,6 +35,8 @@ class Route:
     targets: tuple[str, ...]
     policy: Policy | HybridPolicy
     spill: SpillConfig
+    reference_price: Price | None = None
+    """The cheapest hosted target's price: what savings are measured against."""
     complex_tier: int = 0
     """The tier a prompt scored complex must get: above every replica's, if a hosted target has one."""
     spilling: bool = False
@@ -74,6 +76,11 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
             connect_timeout_s=config.timeouts.connect_s,
         ).with_price(override)
     return models
+
+
+def _reference_price(route: RouteConfig, hosted_models: Mapping[str, HostedModel]) -> Price | None:
+    prices = [m.price for name, m in hosted_models.items() if name in route.targets and m.price is not None]
+    return min(prices, key=lambda p: p.cost(1000, 200), default=None)
 
 
 def _complex_tier(route: RouteConfig, config: GatewayConfig) -> int:
@@ -170,6 +177,7 @@ def build_state(
             _route_policy(route_config, hosted_names),
             route_config.spill,
             complex_tier=_complex_tier(route_config, config),
+            reference_price=_reference_price(route_config, hosted_models),
         )
         for name in (route_config.name, *route_config.aliases):
             routes[name] = route

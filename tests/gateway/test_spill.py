@@ -114,3 +114,17 @@ def test_overflow_spills_and_residency_holds(hybrid: RunningProcess) -> None:
         assert route(chat(hybrid, "Quick question: what is 3 + 3?", key=RESIDENT_KEY)) == ("pool-0", "residency")
     metrics = httpx.get(hybrid.url + "/metrics").text
     assert 'reason="overflow"' in metrics and 'reason="complex"' in metrics and 'reason="residency"' in metrics
+    spend = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("spillgate_spend_usd_total{")
+    }
+    hosted_spend = sum(v for k, v in spend.items() if 'kind="hosted"' in k)
+    replica_spend = sum(v for k, v in spend.items() if 'kind="replica"' in k)
+    assert hosted_spend > 0 and replica_spend == 0  # the test pool has no gpu_usd_per_hour
+    equivalent = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('spillgate_hosted_equivalent_usd_total{route="hybrid"}')
+    )
+    assert equivalent > hosted_spend, "sending everything to the hosted model would have cost more"
