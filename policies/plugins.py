@@ -53,16 +53,25 @@ def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
 
 @dataclass(frozen=True, slots=True)
 class PredictedTTFTScorer:
-    """Prefers the lowest predicted TTFT; a warm replica wins until its queue costs more than a cold prefill.
+    """Prefers the lowest predicted TTFT plus the prefill work the choice costs everyone else.
 
-    That crossover is what spreads a hot prefix: once its replica is busy enough, a cold replica's full
-    prefill is predicted faster, the request goes there, and the prefix is replicated.
+    TTFT alone is greedy: under load a cold replica with a slightly shorter queue wins, and the cluster
+    pays for recomputing a prefix it already holds (and the conversation's next turns miss too). Charging
+    ``work_weight`` x the uncached prefill time as well keeps requests on warm replicas until the queue
+    there really costs more. That crossover is still what spreads a hot prefix: once its replica is busy
+    enough, a cold replica wins, and the prefix is replicated.
     """
 
+    work_weight: float = 1.0
+
     def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
-        predictions = [predicted_ttft(request, b) for b in candidates]
-        best = min(predictions)
-        return [best / p if p > 0 else 1.0 for p in predictions]
+        costs = [
+            predicted_ttft(request, b)
+            + self.work_weight * max(0, request.prompt_tokens - b.prefix_tokens) / b.prefill_tokens_per_s
+            for b in candidates
+        ]
+        best = min(costs)
+        return [best / c if c > 0 else 1.0 for c in costs]
 
 
 @dataclass(frozen=True, slots=True)
