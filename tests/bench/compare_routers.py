@@ -1,0 +1,501 @@
+"""Spillgate's routing policies against sglang-router 0.3.2, in front of the same simulated SGLang replicas.
+
+Starts N simulated replicas once, then puts each router in front of them in turn (sglang-router cache_aware
+and round_robin, spillgate with each of its policies), a fresh router process per run, the replicas' prefix
+caches flushed before each, and sends the same ``spillgate bench`` workloads at the same Poisson rate. One
+markdown table: cluster cache hit rate, TTFT and TPOT p50/p99, goodput and per-replica share spread per
+workload, plus the best achievable hit rate (the same requests, one at a time, to one replica whose cache
+holds everything).
+
+Time: the replicas run ``--time-scale`` wall seconds per simulated second; rates, durations, SLOs and every
+reported time are simulated (measured wall times divided by the time scale). The scale is above 1 (slower
+than real time) because on a small machine the cluster can only be made busy that way: an H100-class replica
+prefills ~30k tokens/s, far more prompts than two cores can tokenize, relay and stream at real time.
+
+    .venv/bin/python -m tests.bench.compare_routers [--replicas 4] [--time-scale 6] [--workloads gsp,chat]
+        [--rate gsp=110,chat=70] [--duration 4] [--json FILE] [--skip-router] [--find-rate]
+
+About 8 minutes at the defaults on 2 cores (14 runs of ~30 s wall). ``--find-rate`` sweeps rates through the
+cache-aware reference router instead and suggests one (``--rate gsp=100/130/160`` picks the rates).
+
+Every process is stopped by the PID it was started with, also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gateway.bench.api import run_bench
+from gateway.bench.config import BenchConfig
+from gateway.bench.stats import Slo
+from tests.bench import report, router_env
+from tests.bench.compare_cluster import (
+    MODEL,
+    PRESET,
+    ROUTER_POLICIES,
+    SIM_PREFILL_TOKENS_PER_S,
+    SPILLGATE_POLICIES,
+    Cluster,
+    CpuWatch,
+    Relay,
+    start_router,
+    start_spillgate,
+    wait_for_quiet,
+)
+from tests.bench.compare_table import Rows, RunFigures, details_table, figures, main_table
+from tests.bench.compare_workloads import SWEEP_RATES, WorkloadSpec, parse_rates, workload_spec
+from tests.bench.services import REPO_ROOT
+
+REFERENCE_TIME_SCALE = 0.01
+"""The best-hit reference runs one request at a time, where timing cannot change the hit rate: run it fast."""
+SLO_TTFT_MS = 1000.0
+SLO_TPOT_MS = 50.0
+SATURATION_TTFT_FACTOR = 3.0
+"""``--find-rate``: the cluster is saturated once the median TTFT is this many times the lightest rate's."""
+BUSY_TARGET = 0.7
+
+
+@dataclass
+class Settings:
+    replicas: int
+    time_scale: float
+    duration_s: float
+    specs: list[WorkloadSpec]
+    spillgate_policies: list[str]
+    router_python: str | None
+    router_note: str
+    work_dir: Path
+    sweep_rates: dict[str, list[float]] = field(default_factory=dict)
+
+    def slo(self) -> tuple[float, float]:
+        return SLO_TTFT_MS, SLO_TPOT_MS
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
+# Runs -----------------------------------------------------------------------------------------------
+
+
+def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str) -> Relay:
+    if router == "sglang-router":
+        assert settings.router_python is not None
+        return start_router(settings.router_python, cluster, policy)
+    return start_spillgate(cluster, policy)
+
+
+def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec) -> RunFigures:
+    """One cell group: a fresh router, flushed caches, the workload, the replicas' counters around it."""
+    wait_for_quiet()
+    relay = start_relay(settings, cluster, router, policy)
+    try:
+        cluster.flush()
+        before = cluster.counters()
+        config = spec.bench_config(
+            relay.url,
+            model=relay.model,
+            api_key=relay.api_key,
+            time_scale=settings.time_scale,
+            duration_s=settings.duration_s,
+            slo=settings.slo(),
+        )
+        started = time.monotonic()
+        watch = CpuWatch((relay.service.pid, *(service.pid for service in cluster.services)))
+        result = asyncio.run(run_bench(config))
+        wall = time.monotonic() - started
+        cpu = watch.cores()
+        if not relay.service.running():
+            raise RuntimeError(f"{relay.name} exited during the run:\n{relay.service.log_tail()}")
+        after = cluster.counters()
+    finally:
+        relay.service.stop()
+    deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    slo = Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms)
+    fig = figures(result.levels[0], deltas, slo=slo, time_scale=settings.time_scale, wall_s=wall)
+    fig.cpu_own_cores, fig.cpu_other_cores = cpu
+    return fig
+
+
+def best_hit_rates(settings: Settings) -> tuple[dict[str, float | None], list[str]]:
+    """Each workload's hit rate with every request on one replica, one at a time, nothing evicted.
+
+    The same requests in the same order as the rows (same seed, same count); one at a time so that no two
+    requests sharing a prefix race each other. Notes say when the replica's pool was too small to hold all.
+    """
+    reference = Cluster(REFERENCE_TIME_SCALE, settings.work_dir)
+    best: dict[str, float | None] = {}
+    notes: list[str] = []
+    try:
+        reference.start(1, name="reference")
+        capacity = reference.capacity_tokens()
+        for spec in settings.specs:
+            _progress(f"best achievable hit rate: {spec.name}")
+            reference.flush()
+            before = reference.counters()[0]
+            config = BenchConfig(
+                url=reference.urls[0],
+                workload=spec.workload,
+                model=MODEL,
+                concurrency=(1,),
+                num_requests=spec.num_requests(settings.duration_s),
+                gsp=spec.gsp,
+                chat=spec.chat,
+            )
+            summary = asyncio.run(run_bench(config)).levels[0].summary
+            delta = reference.counters()[0].minus(before)
+            if summary.failed or summary.unfinished:
+                notes.append(f"{spec.name}: {summary.failed + summary.unfinished} reference requests did not complete")
+            best[spec.name] = delta.cached_tokens / delta.prompt_tokens if delta.prompt_tokens else None
+            stored = delta.prompt_tokens - delta.cached_tokens
+            if stored > capacity:
+                notes.append(f"{spec.name}: {stored:,.0f} distinct tokens > the replica's {capacity:,} (evictions)")
+    finally:
+        reference.stop()
+    return best, notes
+
+
+def plan(settings: Settings) -> list[tuple[str, str]]:
+    rows = []
+    if settings.router_python is not None:
+        rows += [("sglang-router", policy) for policy in ROUTER_POLICIES]
+    rows += [("spillgate", policy) for policy in settings.spillgate_policies]
+    return rows
+
+
+def compare(settings: Settings, cluster: Cluster) -> Rows:
+    rows: Rows = {}
+    for router, policy in plan(settings):
+        label = f"{router} {policy}"
+        rows[label] = {}
+        for spec in settings.specs:
+            _progress(f"{label}: {spec.name}")
+            fig = measure(settings, cluster, router, policy, spec)
+            rows[label][spec.name] = fig
+            _progress(
+                f"  hit {_fmt(fig.hit_rate, 100, '%')}, TTFT p50/p99 {_fmt(fig.ttft_p50_ms)}/{_fmt(fig.ttft_p99_ms)}"
+                f" ms, goodput {fig.goodput_rps:.1f}/s, {fig.failed} failed, E2E stretch {_fmt(fig.e2e_stretch)},"
+                f" {fig.wall_s:.0f} s"
+            )
+    return rows
+
+
+def _fmt(value: float | None, scale: float = 1.0, unit: str = "") -> str:
+    return "-" if value is None else f"{value * scale:.3g}{unit}"
+
+
+# Saturation sweep -----------------------------------------------------------------------------------
+
+
+def find_rate(settings: Settings, cluster: Cluster) -> dict[str, Any]:
+    """Poisson sweep through the cache-aware reference router; saturation where the median TTFT climbs."""
+    router = "sglang-router" if settings.router_python is not None else "spillgate"
+    out: dict[str, Any] = {"router": f"{router} cache_aware", "workloads": {}}
+    for spec in settings.specs:
+        if spec.rate is None:
+            continue
+        points = []
+        for rate in settings.sweep_rates.get(spec.name) or SWEEP_RATES.get(spec.name, (spec.rate,)):
+            _progress(f"sweep {router} cache_aware: {spec.name} at {rate:g}/s")
+            fig = measure(settings, cluster, router, "cache_aware", spec.with_rate(rate))
+            points.append((rate, fig))
+        lightest = points[0][1].ttft_p50_ms or 0.0
+        saturated = next(
+            (rate for rate, fig in points if (fig.ttft_p50_ms or 0.0) >= SATURATION_TTFT_FACTOR * lightest),
+            None,
+        )
+        out["workloads"][spec.name] = {
+            "points": [{"rate": rate, **fig.to_json()} for rate, fig in points],
+            "saturation_rate": saturated,
+            "suggested_rate": None if saturated is None else round(BUSY_TARGET * saturated),
+        }
+    return out
+
+
+def sweep_table(sweep: dict[str, Any]) -> str:
+    lines = [f"Saturation sweep through {sweep['router']}:", ""]
+    lines.append(
+        "| workload | rate/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | goodput/s (SLO %) | hit | prefill busy % |"
+    )
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, data in sweep["workloads"].items():
+        for p in data["points"]:
+            busy = " ".join(f"{b:.0f}" for b in p["prefill_busy_pct"])
+            lines.append(
+                f"| {name} | {p['rate']:g} | {_fmt(p['ttft_p50_ms'])} / {_fmt(p['ttft_p99_ms'])} | "
+                f"{_fmt(p['tpot_p50_ms'])} / {_fmt(p['tpot_p99_ms'])} | {p['goodput_rps']:.1f} "
+                f"({_fmt(p['slo_pct'])}%) | {_fmt(p['hit_rate'], 100, '%')} | {busy} |"
+            )
+    lines.append("")
+    for name, data in sweep["workloads"].items():
+        lines.append(
+            f"{name}: median TTFT >= {SATURATION_TTFT_FACTOR:g}x the lightest rate's from {data['saturation_rate']}/s;"
+            f" {BUSY_TARGET:.0%} of that: {data['suggested_rate']}/s"
+        )
+    return "\n".join(lines)
+
+
+# Report ---------------------------------------------------------------------------------------------
+
+
+def targets(rows: Rows, best: dict[str, float | None], workloads: list[str]) -> list[str]:
+    """The goals spillgate cache_aware must eventually meet, checked against this run's figures."""
+    ours = rows.get("spillgate cache_aware", {})
+    theirs = rows.get("sglang-router cache_aware", {})
+    rr = rows.get("spillgate round_robin", {})
+    lines = []
+    for name in workloads:
+        a, b, r, top = ours.get(name), theirs.get(name), rr.get(name), best.get(name)
+        if a is None:
+            continue
+        checks = []
+        if b is not None and a.hit_rate is not None and b.hit_rate is not None:
+            ok = a.hit_rate >= b.hit_rate
+            checks.append(f"hit {a.hit_rate:.1%} vs sglang-router's {b.hit_rate:.1%}: {'met' if ok else 'MISSED'}")
+        if top and a.hit_rate is not None:
+            ok = a.hit_rate >= 0.95 * top
+            checks.append(f"hit within 5% of best {top:.1%} (>= {0.95 * top:.1%}): {'met' if ok else 'MISSED'}")
+        if b is not None and a.ttft_p99_ms and b.ttft_p99_ms:
+            ratio = a.ttft_p99_ms / b.ttft_p99_ms
+            checks.append(
+                f"TTFT p99 {ratio:.2f}x sglang-router's (goal <= 0.7x): {'met' if ratio <= 0.7 else 'MISSED'}"
+            )
+        if r is not None and r.goodput_rps > 0:
+            ratio = a.goodput_rps / r.goodput_rps
+            checks.append(f"goodput {ratio:.2f}x round_robin's (goal >= 1.5x): {'met' if ratio >= 1.5 else 'MISSED'}")
+        lines.append(f"- {name}: " + "; ".join(checks))
+    return lines
+
+
+def render(
+    settings: Settings,
+    rows: Rows,
+    best: dict[str, float | None],
+    best_notes: list[str],
+    header: dict[str, Any],
+) -> str:
+    names = [spec.name for spec in settings.specs]
+    machine = header["machine"]
+    loads = header["loads"]
+    lines = [
+        f"## Routers over {settings.replicas} simulated {PRESET} replicas",
+        "",
+        f"Command: `{header['command']}`" + (f" at {header['revision']}" if header["revision"] else ""),
+        "",
+        f"Machine: {machine['nproc']} cores ({machine['cpu_model']}), Python {machine['python']}; "
+        f"load average before {loads['before']}, after {loads['after']}; runtime {header['runtime_s'] / 60:.1f} min.",
+        "",
+        f"Time scale {settings.time_scale:g}: the replicas run {settings.time_scale:g} wall s per simulated s. "
+        "Every time and rate below is simulated (wall / time scale); SLO for goodput: "
+        f"TTFT <= {SLO_TTFT_MS:g} ms and TPOT <= {SLO_TPOT_MS:g} ms, simulated.",
+        "Load: "
+        + "; ".join(_load_line(spec, settings.duration_s) for spec in settings.specs)
+        + f". spillgate: prefill_tokens_per_s {SIM_PREFILL_TOKENS_PER_S:g} / time scale, health interval 0.5 s; "
+        f"sglang-router {router_env.ROUTER_VERSION} with its defaults but the policy ({settings.router_note}).",
+        "",
+        main_table(rows, names, best),
+        "",
+        "hit: prompt tokens the replicas found cached / prompt tokens (their own counters). spread: the busiest "
+        "replica's request share / the idlest's. goodput: requests meeting both SLOs per simulated second of "
+        "arrivals (offered rate x SLO attainment). "
+        "best achievable: the same requests, one at a time, to one replica whose KV pool holds them all.",
+    ]
+    lines += [f"Note: {note}" for note in best_notes]
+    checks = targets(rows, best, names)
+    if checks:
+        lines += ["", "Targets for spillgate cache_aware:", *checks]
+    lines += [
+        "",
+        "Details (est. prefill busy: the simulator's prefill roofline over each replica's uncached tokens, "
+        "per simulated second of the run; E2E stretch: client E2E / the replicas' own simulated E2E, 1.0 when the "
+        "replicas kept simulated time; TTFT overhead: client mean TTFT minus the replicas' mean, simulated ms, "
+        "i.e. tokenizing, relaying and streaming on this machine's CPUs):",
+        "",
+        details_table(rows, names),
+    ]
+    return "\n".join(lines)
+
+
+def _load_line(spec: WorkloadSpec, duration_s: float) -> str:
+    if spec.rate is None:
+        return f"{spec.name} replayed at {spec.trace_speedup:g}x its clock ({spec.trace_requests} records)"
+    knobs = spec.gsp if spec.workload == "gsp" else spec.chat
+    return f"{spec.name} at {spec.rate:g} req/s Poisson, {spec.num_requests(duration_s)} requests ({knobs})"
+
+
+# Entry point ----------------------------------------------------------------------------------------
+
+
+def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
+    names = [name.strip() for name in args.workloads.split(",") if name.strip()]
+    specs = [workload_spec(n, trace_speedup=args.trace_speedup, trace_requests=args.trace_requests) for n in names]
+    rates = parse_rates(args.rate, [spec.name for spec in specs if spec.rate is not None])
+    if not args.find_rate and any(len(values) > 1 for values in rates.values()):
+        raise ValueError("several rates per workload (a/b/c) are for --find-rate only")
+    specs = [spec.with_rate(rates[spec.name][0]) if spec.name in rates else spec for spec in specs]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = sorted(set(policies) - set(SPILLGATE_POLICIES))
+    if unknown:
+        raise ValueError(f"unknown spillgate policies {unknown}; choose from {', '.join(SPILLGATE_POLICIES)}")
+    python, note = (None, "--skip-router") if args.skip_router else router_env.router_python()
+    if python is None and not args.skip_router:
+        _progress(f"sglang-router rows skipped: {note}")
+    return Settings(
+        sweep_rates=rates,
+        replicas=args.replicas,
+        time_scale=args.time_scale,
+        duration_s=args.duration,
+        specs=specs,
+        spillgate_policies=policies,
+        router_python=python,
+        router_note=note,
+        work_dir=work_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = time.monotonic()
+    command = shlex.join([_python_path(), "-m", "tests.bench.compare_routers", *sys.argv[1:]])
+    machine = report.machine_info()
+    load_before = report.load_average()
+    work_dir = Path(tempfile.mkdtemp(prefix="spillgate-compare-"))
+    settings = build_settings(args, work_dir)
+    cluster = Cluster(settings.time_scale, work_dir)
+    ok = False
+    try:
+        _progress(f"starting {settings.replicas} replicas at time scale {settings.time_scale:g} (logs in {work_dir})")
+        cluster.start(settings.replicas)
+        if args.find_rate:
+            sweep = find_rate(settings, cluster)
+            print(sweep_table(sweep))
+            if args.json:
+                Path(args.json).write_text(json.dumps({"command": command, "machine": machine, **sweep}, indent=2))
+            ok = True
+            shutil.rmtree(work_dir, ignore_errors=True)
+            return 0
+        best, best_notes = best_hit_rates(settings)
+        rows = compare(settings, cluster)
+        ok = True
+    finally:
+        cluster.stop()
+        if not ok:
+            print(f"logs kept in {work_dir}", file=sys.stderr)
+    header = {
+        "command": command,
+        "revision": _revision(),
+        "machine": machine,
+        "loads": {"before": load_before, "after": report.load_average()},
+        "runtime_s": time.monotonic() - started,
+    }
+    print(render(settings, rows, best, best_notes, header))
+    if args.json:
+        document = {
+            "version": 1,
+            **header,
+            "settings": {
+                "replicas": settings.replicas,
+                "preset": PRESET,
+                "time_scale": settings.time_scale,
+                "duration_s": settings.duration_s,
+                "slo_ttft_ms": SLO_TTFT_MS,
+                "slo_tpot_ms": SLO_TPOT_MS,
+                "workloads": {spec.name: _spec_json(spec, settings.duration_s) for spec in settings.specs},
+                "router": settings.router_note,
+            },
+            "best_hit_rate": best,
+            "best_notes": best_notes,
+            "rows": {label: {n: f.to_json() if f else None for n, f in by.items()} for label, by in rows.items()},
+        }
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return 0
+
+
+def _python_path() -> str:
+    """The interpreter as the user would type it: relative to the repo when it is the repo's venv."""
+    python = Path(sys.executable)
+    try:
+        return str(python.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(python)
+
+
+def _revision() -> str:
+    """The commit measured, marked when the working tree has changes on top of it; empty outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True)
+    except OSError:
+        return ""
+    if head.returncode != 0:
+        return ""
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def _spec_json(spec: WorkloadSpec, duration_s: float) -> dict[str, Any]:
+    return {
+        "workload": spec.workload,
+        "rate": spec.rate,
+        "num_requests": spec.num_requests(duration_s),
+        "knobs": str(spec.gsp if spec.workload == "gsp" else spec.chat),
+        "trace_speedup": spec.trace_speedup,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=4, help="simulated replicas (default 4)")
+    parser.add_argument(
+        "--time-scale", type=float, default=6.0, help="wall seconds per simulated second (default 6: slower than real)"
+    )
+    parser.add_argument(
+        "--workloads", default="gsp,chat", help="comma list of gsp, chat, trace:PATH (default gsp,chat)"
+    )
+    parser.add_argument(
+        "--rate", default=None, help="simulated req/s: one for all, or gsp=110,chat=70 (default: measured rates)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=4.0, help="simulated seconds of arrivals per run: rate x duration requests"
+    )
+    parser.add_argument("--policies", default=",".join(SPILLGATE_POLICIES), help="spillgate policies to run")
+    parser.add_argument(
+        "--trace-speedup", type=float, default=2.0, help="trace:PATH replayed this many times faster (untuned)"
+    )
+    parser.add_argument("--trace-requests", type=int, default=300, help="trace:PATH: its first N records")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
+    parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router rows")
+    parser.add_argument(
+        "--find-rate", action="store_true", help="sweep rates through the cache-aware reference and suggest one"
+    )
+    args = parser.parse_args(argv)
+    if args.replicas < 1 or args.time_scale <= 0 or args.duration <= 0:
+        parser.error("--replicas, --time-scale and --duration must be positive")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted: every process started was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, ValueError) as exc:
+        print(f"compare_routers: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Figures for one (router, workload) run, in simulated time, and the markdown table they make.
+
+Latencies come from the client (every token as it arrived, divided by the time scale). Cache hits and
+per-replica shares come from the replicas' own counters, so they are the same figures for a router that
+passes no backend header (sglang-router) as for spillgate; the client's usage-based hit rate is kept to check
+them against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from backends.sim import timing
+from backends.sim.presets import get_preset
+from gateway.bench.api import LevelResult
+from gateway.bench.stats import Slo
+from tests.bench.compare_cluster import PRESET, ReplicaCounters
+
+OTHER_CPU_WARN = 0.25
+STRETCH_WARN = 1.05
+"""Client-measured E2E over the replicas' simulated E2E above this: the replicas (or the machine) lagged."""
+
+
+@dataclass
+class RunFigures:
+    """One cell group of the table; times in simulated milliseconds, rates per simulated second."""
+
+    completed: int
+    failed: int
+    unfinished: int
+    hit_rate: float | None
+    client_hit_rate: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    goodput_rps: float
+    """Requests meeting both SLOs per simulated second of arrivals: the same window for every row, so a slow
+    last answer does not dilute it (``spillgate bench`` divides by first send to last answer instead)."""
+    slo_pct: float | None
+    throughput_rps: float
+    offered_rps: float
+    shares_pct: list[float]
+    spread: float | None
+    prefill_busy_pct: list[float]
+    e2e_stretch: float | None
+    ttft_overhead_ms: float | None
+    sim_duration_s: float
+    wall_s: float
+    errors: dict[str, int]
+    cpu_own_cores: float = 0.0
+    """Cores the replicas, the router and the load generator used, on average over the run."""
+    cpu_other_cores: float = 0.0
+    """Cores anything else on the machine used meanwhile: above ``OTHER_CPU_WARN`` the run's timings are suspect."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _scaled(value: float | None, time_scale: float) -> float | None:
+    return None if value is None else value / time_scale
+
+
+def figures(
+    level: LevelResult, deltas: Sequence[ReplicaCounters], *, slo: Slo, time_scale: float, wall_s: float
+) -> RunFigures:
+    """Turn a bench level (wall clock) and the replicas' counter deltas (simulated) into one row's figures.
+
+    ``slo`` is in wall-clock milliseconds, as the level was measured.
+    """
+    s = level.summary
+    ok = [r for r in level.results if r.ok]
+    requests = sum(d.requests for d in deltas)
+    prompt = sum(d.prompt_tokens for d in deltas)
+    cached = sum(d.cached_tokens for d in deltas)
+    shares = [100.0 * d.requests / requests if requests else 0.0 for d in deltas]
+    low, high = min(shares, default=0.0), max(shares, default=0.0)
+    sim_duration = s.duration_s / time_scale
+    starts = sorted(r.start for r in level.results)
+    span = (starts[-1] - starts[0]) / time_scale if len(starts) > 1 else 0.0
+    sim_e2e = sum(d.e2e_sum_s for d in deltas)
+    sim_ttft = sum(d.ttft_sum_s for d in deltas)
+    sim_ttft_count = sum(d.ttft_count for d in deltas)
+    client_e2e = sum(r.e2e for r in ok) / time_scale
+    client_ttft = [r.ttft / time_scale for r in ok if r.ttft is not None]
+    met = sum(1 for r in level.results if slo.met(r))
+    overhead = None
+    if client_ttft and sim_ttft_count:
+        overhead = 1000.0 * (sum(client_ttft) / len(client_ttft) - sim_ttft / sim_ttft_count)
+    return RunFigures(
+        completed=s.completed,
+        failed=s.failed,
+        unfinished=s.unfinished,
+        hit_rate=cached / prompt if prompt else None,
+        client_hit_rate=s.cache_hit_rate,
+        ttft_p50_ms=_scaled(s.ttft_ms.p50, time_scale),
+        ttft_p99_ms=_scaled(s.ttft_ms.p99, time_scale),
+        tpot_p50_ms=_scaled(s.tpot_ms.p50, time_scale),
+        tpot_p99_ms=_scaled(s.tpot_ms.p99, time_scale),
+        goodput_rps=met / span if span > 0 else 0.0,
+        slo_pct=s.slo_attainment_pct,
+        throughput_rps=s.request_throughput * time_scale,
+        offered_rps=(len(starts) - 1) / span if span > 0 else 0.0,
+        shares_pct=shares,
+        spread=high / low if low > 0 else None,
+        prefill_busy_pct=[100.0 * prefill_seconds(d) / sim_duration if sim_duration else 0.0 for d in deltas],
+        e2e_stretch=client_e2e / sim_e2e if sim_e2e else None,
+        ttft_overhead_ms=overhead,
+        sim_duration_s=sim_duration,
+        wall_s=wall_s,
+        errors=dict(s.errors),
+    )
+
+
+def prefill_seconds(delta: ReplicaCounters) -> float:
+    """Simulated GPU seconds a replica spent in prefill, estimated from its counters.
+
+    The simulator's own roofline applied to an average request (its uncached tokens attending to its cached
+    ones), times the request count: each prefill counted as its own batch, so batching makes it an upper bound.
+    """
+    if delta.requests <= 0:
+        return 0.0
+    preset = get_preset(PRESET)
+    uncached = (delta.prompt_tokens - delta.cached_tokens) / delta.requests
+    cached = delta.cached_tokens / delta.requests
+    return delta.requests * timing.prefill_seconds(preset, [(round(uncached), round(cached))])
+
+
+# Rendering ------------------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _cells(fig: RunFigures | None) -> list[str]:
+    if fig is None:
+        return ["-"] * 5
+    goodput = f"{fig.goodput_rps:.1f}" + (f" ({fig.slo_pct:.0f}%)" if fig.slo_pct is not None else "")
+    if fig.failed:
+        goodput += f" [{fig.failed} failed]"
+    return [
+        _pct(fig.hit_rate),
+        f"{_ms(fig.ttft_p50_ms)} / {_ms(fig.ttft_p99_ms)}",
+        f"{_ms(fig.tpot_p50_ms)} / {_ms(fig.tpot_p99_ms)}",
+        goodput,
+        "-" if fig.spread is None else f"{fig.spread:.2f}",
+    ]
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+Rows = dict[str, dict[str, RunFigures | None]]
+"""``rows[row label][workload name]``."""
+
+
+def main_table(rows: Rows, workloads: Sequence[str], best: dict[str, float | None]) -> str:
+    """One markdown table: a row per router and policy, five columns per workload, and the best-hit row."""
+    header = ["router", "policy"]
+    for name in workloads:
+        header += [f"{name} hit", f"{name} TTFT p50 / p99 ms", f"{name} TPOT p50 / p99 ms"]
+        header += [f"{name} goodput/s (SLO %)", f"{name} spread"]
+    body = []
+    for label, by_workload in rows.items():
+        router, _, policy = label.partition(" ")
+        cells = [router, policy]
+        for name in workloads:
+            cells += _cells(by_workload.get(name))
+        body.append(cells)
+    reference = ["best achievable", "1 replica, unbounded cache"]
+    for name in workloads:
+        reference += [_pct(best.get(name)), "-", "-", "-", "-"]
+    body.append(reference)
+    return "\n".join(_markdown(header, body))
+
+
+def details_table(rows: Rows, workloads: Sequence[str]) -> str:
+    """Why a row looks the way it does: shares, estimated prefill load per replica, offered rate, timing checks."""
+    header = [
+        "router / policy",
+        "workload",
+        "requests ok / failed",
+        "offered / done req/s",
+        "replica shares %",
+        "est. prefill busy % per replica",
+        "client hit",
+        "E2E stretch",
+        "TTFT overhead ms",
+        "CPU cores own / other",
+        "wall s",
+    ]
+    body = []
+    for label, by_workload in rows.items():
+        for name in workloads:
+            fig = by_workload.get(name)
+            if fig is None:
+                continue
+            stretch = "-" if fig.e2e_stretch is None else f"{fig.e2e_stretch:.3f}"
+            if fig.e2e_stretch is not None and fig.e2e_stretch > STRETCH_WARN:
+                stretch += " (lagged)"
+            body.append(
+                [
+                    label,
+                    name,
+                    f"{fig.completed} / {fig.failed}",
+                    f"{fig.offered_rps:.1f} / {fig.throughput_rps:.1f}",
+                    " ".join(f"{share:.0f}" for share in fig.shares_pct),
+                    " ".join(f"{busy:.0f}" for busy in fig.prefill_busy_pct),
+                    _pct(fig.client_hit_rate),
+                    stretch,
+                    _ms(fig.ttft_overhead_ms),
+                    f"{fig.cpu_own_cores:.2f} / {fig.cpu_other_cores:.2f}"
+                    + (" (busy machine)" if fig.cpu_other_cores > OTHER_CPU_WARN else ""),
+                    f"{fig.wall_s:.0f}",
+                ]
+            )
+    return "\n".join(_markdown(header, body))
