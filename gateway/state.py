@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from backends.hosted import HostedModel, Price, PriceOverride
 from backends.http1 import Http1Client
+from backends.prefill_rate import PrefillRateEstimator
 from backends.registry import Backend, BackendRegistry
 from cache.shared_index import SharedPrefixIndex
 from gateway.config import GatewayConfig, RouteConfig, SpillConfig
@@ -146,6 +147,11 @@ def build_state(
             )
             for index, url in enumerate(replica_urls[pool.name])
         ]
+        # Replicas of a pool are the same model on the same GPUs: one shared estimate of their prefill
+        # rate learns from all of them, and no replica looks faster than its twins by noise alone.
+        shared_rate = PrefillRateEstimator(pool.prefill_tokens_per_s)
+        for backend in pool_backends:
+            backend.prefill = shared_rate
         backends += pool_backends
         members[pool.name] = [b.name for b in pool_backends]
     hosted_models = _hosted_models(config, hosted_urls)
