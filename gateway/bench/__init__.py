@@ -7,9 +7,9 @@ Python API::
     result.levels[0].summary.ttft_ms.p99
 
 Modules: ``config`` (what a run does), ``text`` and ``trace`` (prompt text), ``workloads`` (the requests),
-``arrivals`` (Poisson schedule), ``client`` (one measured streamed request), ``runner`` (one level of load),
-``stats`` (figures), ``report`` (table and JSON), ``progress`` (stderr bar), ``api`` (``run_bench``),
-``cli`` (the subcommand).
+``arrivals`` (Poisson arrivals, rate schedules), ``client`` (one measured streamed request), ``runner`` (one level
+of load), ``stats`` (figures, per phase too), ``report`` (table and JSON), ``progress`` (stderr bar), ``api``
+(``run_bench``), ``cli`` (the subcommand).
 """
 
 from gateway.bench.api import BenchError, BenchResult, LevelResult, run_bench

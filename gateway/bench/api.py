@@ -16,7 +16,7 @@ from gateway.bench.client import ChatClient, RequestResult, api_paths
 from gateway.bench.config import BenchConfig
 from gateway.bench.progress import Progress
 from gateway.bench.runner import Load, run_level
-from gateway.bench.stats import Slo, Summary, summarize
+from gateway.bench.stats import PhaseSummary, Slo, Summary, summarize, summarize_phases
 from gateway.bench.trace import TraceRecord, arrival_offsets, load_trace
 from gateway.bench.workloads import build_workload
 
@@ -29,13 +29,17 @@ class BenchError(Exception):
 
 @dataclass
 class LevelResult:
-    """One row of the report: a concurrency level, the open-loop rate or the trace replay."""
+    """One row of the report: a concurrency level, the open-loop rate, the rate schedule or the trace replay.
+
+    A rate schedule's level also has one summary per phase (``phases``), over the requests each phase sent.
+    """
 
     label: str
     concurrency: int | None
     rate: float | None
     summary: Summary
     results: list[RequestResult] = field(repr=False)
+    phases: list[PhaseSummary] = field(default_factory=list)
 
 
 @dataclass
@@ -96,13 +100,18 @@ async def _run_one(
 ) -> LevelResult:
     # A fresh salt per level: a sweep's later levels must not find the earlier levels' prompts cached.
     salt = f"{config.seed}:{index}"
-    limited = config.num_requests is not None or config.duration_s is not None
+    rate_schedule = config.schedule() if config.rate_schedule is not None else None
+    # A schedule is its own limit: the workload repeats (new questions, same system prompts) until it ends.
+    limited = config.num_requests is not None or config.duration_s is not None or rate_schedule is not None
     workload = build_workload(config, salt, cycle=limited, records=records, min_sessions=concurrency or 0)
     if concurrency is not None:
         label, schedule = f"c={concurrency}", None
     elif config.rate is not None:
         rng = text.rng_for(salt, "arrivals")
         label, schedule = f"rate={config.rate:g}/s", arrivals.poisson_offsets(config.rate, rng)
+    elif rate_schedule is not None:
+        rng = text.rng_for(salt, "arrivals")
+        label, schedule = "schedule", rate_schedule.offsets(rng)
     else:
         label, schedule = f"trace x{config.trace_speedup:g}", arrival_offsets(records or [], config.trace_speedup)
     load = Load(
@@ -117,7 +126,10 @@ async def _run_one(
         total = config.num_requests if limited else workload.natural_size
         if records is not None and total is not None:
             total = min(total, len(records))  # a trace is never repeated
-        progress.start(label, total=total, duration_s=config.duration_s)
+        duration_s = config.duration_s
+        if rate_schedule is not None:
+            duration_s = min(duration_s or rate_schedule.duration_s, rate_schedule.duration_s)
+        progress.start(label, total=total, duration_s=duration_s)
         on_tick = progress.tick
     try:
         run = await run_level(client, workload, load, stop, on_tick)
@@ -125,7 +137,17 @@ async def _run_one(
         if progress is not None:
             progress.finish()
     summary = summarize(run.results, duration_s=run.duration_s, unfinished=run.unfinished, slo=slo)
-    return LevelResult(label=label, concurrency=concurrency, rate=config.rate, summary=summary, results=run.results)
+    phases = []
+    if rate_schedule is not None:
+        ran_s = rate_schedule.duration_s
+        if config.duration_s is not None:
+            ran_s = min(ran_s, config.duration_s)
+        if run.interrupted:
+            ran_s = min(ran_s, run.duration_s)
+        phases = summarize_phases(run.results, rate_schedule, slo=slo, ran_s=ran_s)
+    return LevelResult(
+        label=label, concurrency=concurrency, rate=config.rate, summary=summary, results=run.results, phases=phases
+    )
 
 
 async def discover_model(config: BenchConfig) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from gateway.bench.api import BenchError, BenchResult, run_bench
+from gateway.bench.arrivals import BURST, burst_spec
 from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
 from gateway.bench.progress import Progress
 from gateway.bench.report import format_table, to_json
@@ -24,6 +25,9 @@ EXAMPLES = """examples:
       --workload gsp --rate 8 --num-requests 200
   spillgate bench --url http://127.0.0.1:30000 --workload chat --concurrency 1,4,16 --duration 60 --json out.json
   spillgate bench --url http://127.0.0.1:8080 --workload trace:mooncake.jsonl --trace-speedup 4 --duration 120
+  spillgate bench --url http://127.0.0.1:8080 --api-key sk-spillgate-demo --model auto --workload gsp \
+      --rate-schedule burst --capacity-rps 8 --burst-seconds 60 --steady-seconds 120
+  spillgate bench --url http://127.0.0.1:8080 --workload gsp --rate-schedule 2:30,10:30,0:10,2:30
 """
 
 
@@ -50,6 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument(
         "--concurrency", type=_levels, default=(), help="closed loop: N requests in flight; a comma list is a sweep"
     )
+    shape.add_argument(
+        "--rate-schedule",
+        default=None,
+        metavar="SPEC",
+        help="open loop, Poisson at a rate that steps: RATE:SECONDS,... with RATE in requests/s or Nx times "
+        "--capacity-rps (e.g. 0.6x:60,3x:60,0.6x:60); 'burst' is 0.6x for --steady-seconds, 3x for "
+        "--burst-seconds, 0.6x again. The report adds a row per phase",
+    )
+    parser.add_argument("--capacity-rps", type=float, default=None, help="what 1x means in --rate-schedule, requests/s")
+    parser.add_argument("--burst-seconds", type=float, default=60.0, help="the 3x phase of --rate-schedule burst")
+    parser.add_argument("--steady-seconds", type=float, default=60.0, help="each 0.6x phase of --rate-schedule burst")
     parser.add_argument("--duration", type=float, default=None, help="seconds of load per level")
     parser.add_argument("--num-requests", type=int, default=None, help="requests per level")
     parser.add_argument("--trace-speedup", type=float, default=1.0, help="divide trace timestamps by this")
@@ -90,12 +105,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    schedule = args.rate_schedule
+    if schedule is not None and schedule.strip() == BURST:
+        # Written out in the config (and the JSON report), so a run says exactly what it sent.
+        schedule = burst_spec(args.burst_seconds, args.steady_seconds)
     return BenchConfig(
         url=args.url,
         workload=args.workload,
         api_key=args.api_key,
         model=args.model,
         rate=args.rate,
+        rate_schedule=schedule,
+        capacity_rps=args.capacity_rps,
         concurrency=tuple(args.concurrency),
         duration_s=args.duration,
         num_requests=args.num_requests,

@@ -17,20 +17,25 @@ from backends.http1 import Http1Client, HttpError
 from gateway.bench.workloads import RequestSpec
 
 BACKEND_HEADER = b"x-spillgate-backend"
+REASON_HEADER = b"x-spillgate-reason"
 _ERROR_BODY_LIMIT = 300
 
 
 @dataclass(slots=True)
 class RequestResult:
-    """What one request did. Times are seconds; ``start`` is from the start of its level."""
+    """What one request did. Times are seconds; ``start`` is from the start of its level, and ``scheduled``
+    is the arrival time an open-loop schedule gave it (``None`` in closed loop)."""
 
     start: float
+    scheduled: float | None = None
     ok: bool = False
     status: int = 0
     error: str | None = None
     """``http_<status>``, ``connect``, ``timeout``, ``protocol``, ``stream_error`` or ``incomplete``."""
     detail: str = ""
     backend: str = "-"
+    reason: str = "-"
+    """The gateway's ``x-spillgate-reason`` (why that backend: ``least_ttft``, ``overflow``, ...)."""
     ttft: float | None = None
     tpot: float | None = None
     e2e: float = 0.0
@@ -87,6 +92,8 @@ class ChatClient:
                     for name, value in response.headers:
                         if name == BACKEND_HEADER:
                             result.backend = value.decode(errors="replace")
+                        elif name == REASON_HEADER:
+                            result.reason = value.decode(errors="replace")
                     if response.status != 200:
                         result.error = f"http_{response.status}"
                         result.detail = _error_message(await response.read())

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.bench.arrivals import RateSchedule, parse_rate_schedule
+
 WORKLOADS = ("gsp", "chat", "agent")
 TRACE_PREFIX = "trace:"
 
@@ -49,9 +51,12 @@ class AgentKnobs:
 class BenchConfig:
     """A benchmark run. ``workload`` is ``gsp``, ``chat``, ``agent`` or ``trace:PATH``.
 
-    Load shape: ``rate`` (open loop, Poisson), or ``concurrency`` (closed loop; several levels make a
-    sweep), or neither for a trace (replayed on its own timestamps divided by ``trace_speedup``).
-    Limits per level: ``num_requests`` and/or ``duration_s``; with neither, the workload's natural size.
+    Load shape: ``rate`` (open loop, Poisson), or ``rate_schedule`` (open loop, Poisson at a rate that steps
+    from phase to phase, e.g. ``0.6x:60,3x:60,0.6x:60`` with ``capacity_rps`` for the ``x`` entries), or
+    ``concurrency`` (closed loop; several levels make a sweep), or none for a trace (replayed on its own
+    timestamps divided by ``trace_speedup``).
+    Limits per level: ``num_requests`` and/or ``duration_s``; with neither, the workload's natural size (a
+    schedule ends with its last phase).
     """
 
     url: str
@@ -59,6 +64,8 @@ class BenchConfig:
     api_key: str | None = None
     model: str | None = None
     rate: float | None = None
+    rate_schedule: str | None = None
+    capacity_rps: float | None = None
     concurrency: tuple[int, ...] = ()
     duration_s: float | None = None
     num_requests: int | None = None
@@ -82,9 +89,11 @@ class BenchConfig:
 
     @property
     def mode(self) -> str:
-        """``rate``, ``concurrency`` or ``trace`` (replay on the trace's own clock)."""
+        """``rate``, ``schedule``, ``concurrency`` or ``trace`` (replay on the trace's own clock)."""
         if self.rate is not None:
             return "rate"
+        if self.rate_schedule is not None:
+            return "schedule"
         if self.concurrency:
             return "concurrency"
         return "trace"
@@ -95,10 +104,18 @@ class BenchConfig:
             raise ValueError(f"--url must be an http(s) URL, got {self.url!r}")
         if self.workload not in WORKLOADS and not self.trace_path:
             raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)} or trace:PATH, got {self.workload!r}")
-        if self.rate is not None and self.concurrency:
-            raise ValueError("--rate and --concurrency are exclusive")
-        if self.rate is None and not self.concurrency and self.trace_path is None:
-            raise ValueError("pass --rate (open loop) or --concurrency (closed loop); only traces replay on their own")
+        shapes = [self.rate is not None, self.rate_schedule is not None, bool(self.concurrency)]
+        if sum(shapes) > 1:
+            raise ValueError("--rate, --rate-schedule and --concurrency are exclusive")
+        if not any(shapes) and self.trace_path is None:
+            raise ValueError(
+                "pass --rate or --rate-schedule (open loop) or --concurrency (closed loop); only traces replay on "
+                "their own"
+            )
+        if self.capacity_rps is not None and self.capacity_rps <= 0:
+            raise ValueError("--capacity-rps must be positive")
+        if self.rate_schedule is not None:
+            self.schedule()
         if self.rate is not None and self.rate <= 0:
             raise ValueError("--rate must be positive")
         if any(level < 1 for level in self.concurrency):
@@ -115,6 +132,12 @@ class BenchConfig:
             for knob in dataclasses.fields(knobs):
                 if getattr(knobs, knob.name) < 1:
                     raise ValueError(f"{type(knobs).__name__}.{knob.name} must be at least 1")
+
+    def schedule(self) -> RateSchedule:
+        """The parsed ``rate_schedule``; ``ValueError`` when it is missing or malformed."""
+        if self.rate_schedule is None:
+            raise ValueError("no --rate-schedule")
+        return parse_rate_schedule(self.rate_schedule, self.capacity_rps)
 
     def levels(self) -> list[int | None]:
         """One entry per run: the concurrency levels of a sweep, or a single ``None`` for open loop."""

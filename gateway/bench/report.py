@@ -8,10 +8,13 @@ JSON layout (``version`` 1)::
                  "request_throughput_rps", "output_throughput_tps", "goodput_rps", "slo_attainment_pct",
                  "ttft_ms" | "tpot_ms" | "e2e_ms": {"p50", "p95", "p99", "mean", "count"},
                  "tokens": {"prompt", "completion", "cached"}, "cache_hit_rate",
-                 "backends": {name: {"requests", "share_pct"}},
-                 "errors": {kind: {"count", "example"}}}]}
+                 "backends": {name: {"requests", "share_pct"}}, "reasons": {x-spillgate-reason: requests},
+                 "errors": {kind: {"count", "example"}},
+                 "phases": [{"index", "label", "rate", "start_s", "end_s", ... the same figures as a level}]}]}
 
 Times are milliseconds, rates per second, ``cache_hit_rate`` a fraction in [0, 1] (``null`` without usage).
+``phases`` is empty except under a rate schedule: one entry per phase, over the requests it sent, its rates
+per second of the phase; ``rate`` there is the phase's resolved rate and ``label`` the rate as written.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.bench.api import BenchResult, LevelResult
-from gateway.bench.stats import Distribution
+from gateway.bench.stats import Distribution, PhaseSummary, Summary
 
 JSON_VERSION = 1
 
@@ -40,11 +43,28 @@ def _distribution(dist: Distribution) -> dict[str, Any]:
 
 
 def _level_json(level: LevelResult) -> dict[str, Any]:
-    s = level.summary
     return {
         "label": level.label,
         "concurrency": level.concurrency,
         "rate": level.rate,
+        **_summary_json(level.summary),
+        "phases": [_phase_json(phase) for phase in level.phases],
+    }
+
+
+def _phase_json(phase: PhaseSummary) -> dict[str, Any]:
+    return {
+        "index": phase.index,
+        "label": phase.label,
+        "rate": phase.rate,
+        "start_s": phase.start_s,
+        "end_s": phase.end_s,
+        **_summary_json(phase.summary),
+    }
+
+
+def _summary_json(s: Summary) -> dict[str, Any]:
+    return {
         "requests": {"completed": s.completed, "failed": s.failed, "unfinished": s.unfinished},
         "duration_s": s.duration_s,
         "request_throughput_rps": s.request_throughput,
@@ -59,6 +79,7 @@ def _level_json(level: LevelResult) -> dict[str, Any]:
         "backends": {
             name: {"requests": count, "share_pct": s.backend_shares_pct[name]} for name, count in s.backends.items()
         },
+        "reasons": dict(s.reasons),
         "errors": {kind: {"count": n, "example": s.error_examples.get(kind, "")} for kind, n in s.errors.items()},
     }
 
@@ -90,10 +111,9 @@ def _percentiles(dist: Distribution) -> str:
     return "/".join(_ms(value) for value in (dist.p50, dist.p95, dist.p99))
 
 
-def _row(level: LevelResult) -> list[str]:
-    s = level.summary
+def _row(label: str, s: Summary) -> list[str]:
     return [
-        level.label,
+        label,
         str(s.completed),
         str(s.failed),
         f"{s.request_throughput:.2f}",
@@ -107,16 +127,33 @@ def _row(level: LevelResult) -> list[str]:
     ]
 
 
+def _shares(s: Summary) -> str:
+    return ", ".join(f"{name} {share:.1f}%" for name, share in s.backend_shares_pct.items()) or "-"
+
+
+def _reasons(s: Summary) -> str:
+    """``overflow 12, least_ttft 80``; empty when the server named no reason (not a spillgate gateway)."""
+    if set(s.reasons) <= {"-"}:
+        return ""
+    return ", ".join(f"{reason} {count}" for reason, count in s.reasons.items())
+
+
 def format_table(result: BenchResult) -> str:
-    """The report: a header, one row per level, then each level's backend shares and errors."""
+    """The report: a header, one row per level (and per phase of a schedule), then backend shares, reasons
+    and errors."""
     config = result.config
     lines = [
         f"spillgate bench: {config.workload} -> {config.url} (model {result.model}); "
         f"SLO TTFT <= {config.slo_ttft_ms:g} ms, TPOT <= {config.slo_tpot_ms:g} ms"
         + ("  [interrupted: partial results]" if result.interrupted else ""),
-        "",
     ]
-    rows = [list(_COLUMNS), *(_row(level) for level in result.levels)]
+    if config.rate_schedule is not None:
+        lines.append(f"rate schedule: {config.schedule().describe()}")
+    lines.append("")
+    rows = [list(_COLUMNS)]
+    for level in result.levels:
+        rows.append(_row(level.label, level.summary))
+        rows.extend(_row(f"  {phase.index + 1}: {phase.label}", phase.summary) for phase in level.phases)
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     for number, row in enumerate(rows):
         cells = [cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)]
@@ -126,9 +163,17 @@ def format_table(result: BenchResult) -> str:
     lines.append("")
     for level in result.levels:
         s = level.summary
-        shares = ", ".join(f"{name} {share:.1f}%" for name, share in s.backend_shares_pct.items()) or "-"
         extra = f"  unfinished {s.unfinished}" if s.unfinished else ""
-        lines.append(f"{level.label}: {s.duration_s:.1f}s, backends: {shares}{extra}")
+        lines.append(f"{level.label}: {s.duration_s:.1f}s, backends: {_shares(s)}{extra}")
+        if reasons := _reasons(s):
+            lines.append(f"  reasons: {reasons}")
+        for phase in level.phases:
+            p = phase.summary
+            reasons = _reasons(p)
+            lines.append(
+                f"  phase {phase.index + 1} ({phase.label}, {phase.rate:.3g}/s, {phase.start_s:g}-{phase.end_s:g}s): "
+                f"{p.finished} sent, backends: {_shares(p)}" + (f"; reasons: {reasons}" if reasons else "")
+            )
         for kind, count in s.errors.items():
             example = s.error_examples.get(kind, "")
             lines.append(f"  error {kind} x{count}" + (f": {example}" if example else ""))

@@ -92,10 +92,10 @@ class _Level:
             return False
         return self._deadline is None or self._loop.time() < self._deadline
 
-    def _spawn(self, spec: RequestSpec) -> asyncio.Task[None]:
+    def _spawn(self, spec: RequestSpec, scheduled: float | None = None) -> asyncio.Task[None]:
         self.counters.issued += 1
         self.counters.in_flight += 1
-        task = asyncio.create_task(self._one(spec))
+        task = asyncio.create_task(self._one(spec, scheduled))
         self._tasks.add(task)
         self._idle.clear()
         task.add_done_callback(self._forget)
@@ -106,7 +106,7 @@ class _Level:
         if not self._tasks:
             self._idle.set()
 
-    async def _one(self, spec: RequestSpec) -> None:
+    async def _one(self, spec: RequestSpec, scheduled: float | None) -> None:
         try:
             result = await self._client.send(spec, self._origin)
         except asyncio.CancelledError:
@@ -114,6 +114,8 @@ class _Level:
             raise
         except Exception as exc:  # a bug here must cost one request, not the whole report
             result = RequestResult(start=0.0, error="client", detail=repr(exc))
+        # The schedule's time, not the send time: a late loop must not move a request into the next phase.
+        result.scheduled = scheduled
         self.counters.in_flight -= 1
         self._last_done = time.perf_counter()
         self.results.append(result)
@@ -133,7 +135,7 @@ class _Level:
             spec = await self._workload.next()
             if spec is None or not self._may_issue():
                 return
-            self._spawn(spec)
+            self._spawn(spec, offset)
 
     async def _closed_loop(self, workers: int) -> None:
         async def worker() -> None:

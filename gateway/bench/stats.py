@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.bench.arrivals import RateSchedule
 from gateway.bench.client import RequestResult
 
 PERCENTILES = (50, 95, 99)
@@ -83,6 +84,8 @@ class Summary:
     backend_shares_pct: dict[str, float]
     errors: dict[str, int]
     error_examples: dict[str, str]
+    reasons: dict[str, int]
+    """Requests per ``x-spillgate-reason`` (``-`` when the server sent none)."""
 
     @property
     def finished(self) -> int:
@@ -103,6 +106,7 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float, unfinished
     completion_tokens = sum(result.completion_tokens for result in ok)
     met = sum(1 for result in results if slo.met(result))
     backends = Counter(result.backend for result in results)
+    reasons = Counter(result.reason for result in results)
     errors = Counter(result.error or "" for result in failed)
     examples: dict[str, str] = {}
     for result in failed:
@@ -127,4 +131,40 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float, unfinished
         backend_shares_pct={name: 100.0 * n / len(results) for name, n in backends.most_common()},
         errors=dict(errors.most_common()),
         error_examples=examples,
+        reasons=dict(reasons.most_common()),
     )
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    """The figures of the requests one schedule phase sent, wherever in time they finished."""
+
+    index: int
+    label: str
+    rate: float
+    start_s: float
+    end_s: float
+    summary: Summary
+
+
+def summarize_phases(
+    results: Sequence[RequestResult], schedule: RateSchedule, *, slo: Slo, ran_s: float | None = None
+) -> list[PhaseSummary]:
+    """One summary per phase, over the requests whose scheduled arrival falls in it.
+
+    Rates divide by the phase's length (cut at ``ran_s`` when the run stopped early), so a phase's request
+    throughput is what it admitted and its goodput what met the SLO, per second of that phase: a burst's
+    backlog answered after the burst still counts for the burst.
+    """
+    by_phase: list[list[RequestResult]] = [[] for _ in schedule.phases]
+    for result in results:
+        index = schedule.phase_at(result.scheduled if result.scheduled is not None else result.start)
+        if index is not None:
+            by_phase[index].append(result)
+    out = []
+    for index, (phase, (start, end)) in enumerate(zip(schedule.phases, schedule.bounds(), strict=True)):
+        stop = end if ran_s is None else min(end, max(ran_s, start))
+        summary = summarize(by_phase[index], duration_s=stop - start, unfinished=0, slo=slo)
+        label = f"{phase.label or f'{phase.rate:g}'}:{phase.duration_s:g}"
+        out.append(PhaseSummary(index, label, phase.rate, start, end, summary))
+    return out
