@@ -254,10 +254,6 @@ class CompletionsHandler:
             return "error"
         self._first_token(backend, attempt)
         attempt.usage = _usage_of(body)
-        tokens = (attempt.usage or {}).get("completion_tokens")
-        if isinstance(tokens, int) and tokens > 0:
-            # No token timings without a stream: the whole generation over its tokens bounds TPOT from above.
-            backend.observe_latency(None, (time.perf_counter() - attempt.sent_at) / tokens)
         await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "ok"
 

@@ -38,11 +38,17 @@ class Prediction:
 
 def predict(request: RouteRequest, backend: BackendState) -> Prediction:
     """TTFT, TPOT and cost of serving ``request`` on ``backend``."""
-    ttft = predicted_ttft(request, backend) if backend.kind == "replica" else backend.ttft_s
+    if backend.kind == "replica":
+        ttft = predicted_ttft(request, backend)
+        # TPOT grows with the batch: a replica with nothing in flight will decode at its best, whatever the
+        # recent average says (and while a route spills, that average gets no new evidence).
+        tpot = backend.tpot_s if backend.in_flight else 0.0
+    else:
+        ttft, tpot = backend.ttft_s, backend.tpot_s
     uncached = max(0, request.prompt_tokens - backend.prefix_tokens)
     output = request.max_tokens or _DEFAULT_OUTPUT_TOKENS
     cost = (uncached * backend.usd_per_mtok_in + output * backend.usd_per_mtok_out) / 1e6
-    return Prediction(backend, ttft, backend.tpot_s, cost)
+    return Prediction(backend, ttft, tpot, cost)
 
 
 def allowed(request: RouteRequest, backend: BackendState) -> bool:

@@ -92,7 +92,16 @@ def test_complex_prompts_go_to_the_frontier_tier(hybrid: RunningProcess) -> None
 
 
 def test_overflow_spills_and_residency_holds(hybrid: RunningProcess) -> None:
-    chat(hybrid, "Warm up the replica's service-time estimate.", max_tokens=150)
+    # A streamed request teaches the gateway the replica's time per output token.
+    warm = {"model": "hybrid", "messages": [{"role": "user", "content": "Warm up."}], "max_tokens": 150, "stream": True}
+    with httpx.stream(
+        "POST",
+        hybrid.url + "/v1/chat/completions",
+        json=warm,
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=60,
+    ) as response:
+        assert sum(1 for _ in response.iter_lines()) > 100
     body = {
         "model": "hybrid",
         "messages": [{"role": "user", "content": "Tell me a long story."}],
