@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backends.hosted import HostedCompletion, HostedError, HostedModel, HostedStream
 from backends.hosted.client import complete
-from tests.hosted.conftest import API_KEY, STALL_TIMEOUT_S, ModelFor, hosted_model
-from tests.support.procs import free_port
+from tests.hosted.conftest import API_KEY, SIM_ARGS, STALL_TIMEOUT_S, ModelFor, hosted_model
+from tests.support.procs import free_port, start_spillgate
 
 
 def chat(stream: bool, **fields: Any) -> dict[str, Any]:
@@ -35,9 +36,20 @@ async def outcome(model: HostedModel, body: dict[str, Any]) -> tuple[HostedError
     return None, received
 
 
-async def test_429_and_500_are_reported_without_retries(sims: Any, provider: str) -> None:
+async def test_429_and_500_are_reported_without_retries(tmp_path: Path, provider: str) -> None:
     """The simulator answers 1: ok, 2: 429, 3: 500, 4: 429; a retry inside litellm would shift the sequence."""
-    model = hosted_model(sims[f"faults-{provider}"].url, provider)
+    # A simulator of its own, so no other request can have advanced its fault counter.
+    port = free_port()
+    fresh = start_spillgate(
+        ["sim-hosted", "--port", str(port), *SIM_ARGS[f"faults-{provider}"]], port=port, log_dir=tmp_path
+    )
+    try:
+        await _check_fault_sequence(hosted_model(fresh.url, provider))
+    finally:
+        fresh.stop()
+
+
+async def _check_fault_sequence(model: HostedModel) -> None:
     first, _ = await outcome(model, chat(False))
     assert first is None
     limited, _ = await outcome(model, chat(True))
