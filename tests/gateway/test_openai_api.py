@@ -101,10 +101,14 @@ def test_round_robin_spreads_evenly(client: openai.OpenAI, replicas: list[Runnin
 
 
 def test_least_load_spreads_concurrent_streams(client: openai.OpenAI, replicas: list[RunningProcess]) -> None:
-    """Streams held open at once must land on different replicas: in-flight counts steer least_load."""
+    """Streams held open at once must land on different replicas: in-flight counts steer least_load.
+
+    4,000 tokens (~1 MB of events) cannot drain into socket buffers while the client does not read, so
+    each stream stays in flight on its replica for the whole test.
+    """
     responses = [
         client.chat.completions.with_streaming_response.create(
-            model="chat", messages=MESSAGES, max_tokens=400, stream=True
+            model="chat", messages=MESSAGES, max_tokens=4000, stream=True
         )
         for _ in replicas
     ]
