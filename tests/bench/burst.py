@@ -74,6 +74,8 @@ PEAK = 3.0
 STEADY = 0.6
 SATURATED_CORES = 0.9
 """A gateway busier than this in a phase was CPU-bound there: its latencies are the machine's, not the policy's."""
+CONTENDED_CORES = 0.5
+"""Other processes using more than this in a phase (on 2 cores) slowed the simulators and the gateway there."""
 ATTAINMENT_TARGET_PCT = 99.0
 COST_TARGET = 0.40
 
@@ -494,6 +496,24 @@ def steady_spill_lines(spill: dict[str, Any], replicas: dict[str, Any] | None) -
     return out
 
 
+def validity(rows: list[dict[str, Any]]) -> list[str]:
+    """Phases where the gateway was CPU-bound or other work crowded the machine: their latencies are suspect."""
+    out = []
+    for r in rows:
+        for p in r["phases"]:
+            cores = p["cpu_cores"]
+            if cores.get("gateway", 0.0) > SATURATED_CORES:
+                out.append(
+                    f"- {r['setup']}, phase {p['phase']}: the gateway used {cores['gateway']:.2f} cores (CPU-bound)"
+                )
+            if cores.get("other work", 0.0) > CONTENDED_CORES:
+                out.append(
+                    f"- {r['setup']}, phase {p['phase']}: other processes used {cores['other work']:.2f} of the "
+                    "machine's cores; latencies there include CPU contention (x 1 / time scale in simulated time)"
+                )
+    return out
+
+
 def phase_lines(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for r in rows:
@@ -525,8 +545,6 @@ def phase_lines(rows: list[dict[str, Any]]) -> list[str]:
                     f"({SLO_TPOT_MS:g} ms): every request is predicted to miss there, and only requests it serves "
                     "would update the estimate"
                 )
-        if r["gateway_saturated"]:
-            out.append(f"  ! the gateway used {r['gateway_peak_cores']:.2f} cores in a phase: CPU-bound there")
     return out
 
 
@@ -627,6 +645,10 @@ async def main_async(opts: Options, args: argparse.Namespace) -> int:
         f"{opts.replicas} x $3/h x {schedule_sim.duration_s:g} s = "
         f"${opts.replicas * 3.0 * schedule_sim.duration_s / 3600:.3f} whether used or not."
     )
+    if warnings := validity(rows):
+        print()
+        print("Validity (the machine, not the policy):")
+        print("\n".join(warnings))
     print()
     print("Targets:")
     print("\n".join(verdicts(rows)))

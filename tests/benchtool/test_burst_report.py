@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.bench.arrivals import burst_spec, parse_rate_schedule
-from tests.bench.burst import markdown_table, min_hosted_share, steady_spill_lines, verdicts
+from tests.bench.burst import markdown_table, min_hosted_share, steady_spill_lines, validity, verdicts
 from tests.bench.burst_stack import HOSTED, SETUPS, GatewayCounters, StackSpec, gateway_config
 
 METRICS = """\
@@ -119,3 +119,19 @@ def test_verdicts_and_steady_spills() -> None:
     assert table[4].startswith(
         "| **spillgate** | 99.5% | 99.5% | 400 / 900 | 1.50 | 3.500 | 35.0% | 30.0% | 2 of 100 |"
     )
+
+
+def test_validity_flags_a_busy_machine() -> None:
+    row = {
+        "setup": "hosted only",
+        "phases": [
+            {"phase": 1, "cpu_cores": {"gateway": 0.2, "other work": 0.1}},
+            {"phase": 2, "cpu_cores": {"gateway": 0.95, "other work": 0.8}},
+        ],
+    }
+    lines = validity([row])
+    assert lines == [
+        "- hosted only, phase 2: the gateway used 0.95 cores (CPU-bound)",
+        "- hosted only, phase 2: other processes used 0.80 of the machine's cores; latencies there include CPU "
+        "contention (x 1 / time scale in simulated time)",
+    ]
