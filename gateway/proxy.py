@@ -171,7 +171,10 @@ class CompletionsHandler:
             self._book(backend, parsed, attempt)
             try:
                 if backend.kind == "hosted":
-                    return await self._hosted.serve(backend, parsed, attempt, send, self._first_token)
+                    outcome = await self._hosted.serve(backend, parsed, attempt, send, self._first_token)
+                    if outcome == "ok" and attempt.stream:
+                        self._observe_tpot(backend, attempt)  # hosted TTFT/TPOT predictions learn from this
+                    return outcome
                 return await self._serve_replica(backend, parsed, attempt, send)
             except TryElsewhere as failure:
                 error = failure.error

@@ -110,9 +110,14 @@ async def _chat_stream(
     replica: Replica, handle: RequestHandle, body: ChatCompletionRequest, created: int
 ) -> AsyncIterator[bytes]:
     req, model, cache_report = handle.req, body.model, replica.config.enable_cache_report
-    yield sse_event(payloads.chat_chunk(req, model, created, role="assistant", content=""))
+    # SGLang sends the role chunk together with the first token, not before prefill: TTFT seen by a client
+    # (or a gateway) starts at the first event.
+    role = sse_event(payloads.chat_chunk(req, model, created, role="assistant", content=""))
     emitted = 0
     async for update in handle.updates():
+        if role:
+            yield role
+            role = b""
         emitted += len(update.new_ids)
         text = replica.tokenizer.decode(update.new_ids)
         if text:
@@ -120,6 +125,8 @@ async def _chat_stream(
             if body.continuous_usage_stats:
                 chunk_usage = payloads.usage(req, cache_report=cache_report, completion_tokens=emitted)
             yield sse_event(payloads.chat_chunk(req, model, created, content=text, chunk_usage=chunk_usage))
+    if role:
+        yield role
     yield sse_event(
         payloads.chat_chunk(
             req, model, created, finish_reason=payloads.finish_type(req), matched=payloads.matched_stop(req)

@@ -127,3 +127,15 @@ def test_provider_keys_never_leak(setup: RunningProcess) -> None:
     assert PROVIDER_KEY not in setup.log()
     assert PROVIDER_KEY not in httpx.get(setup.url + "/metrics").text
     assert PROVIDER_KEY not in httpx.get(setup.url + "/health").text
+
+
+def test_hosted_latency_is_learned_from_streams(setup: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=setup.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    for _ in range(3):
+        list(
+            client.chat.completions.create(
+                model="oai", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True
+            )
+        )
+    learned = httpx.get(setup.url + "/health").json()["backends"]["oai"]
+    assert learned["ttft_ms"] != 20.0, "still the configured prior"
