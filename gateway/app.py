@@ -131,6 +131,10 @@ def build_control_app(state: GatewayState) -> FastAPI:
         for backend in state.registry:
             state.metrics.backend_healthy.labels(backend.name).set(1.0 if backend.healthy else 0.0)
             state.metrics.in_flight.labels(backend.name).set(backend.in_flight)
+            if backend.kind == "replica":
+                state.metrics.queued.labels(backend.name).set(backend.load.queued)
+                state.metrics.running.labels(backend.name).set(backend.load.running)
+                state.metrics.kv_usage.labels(backend.name).set(backend.load.token_usage)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

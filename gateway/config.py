@@ -125,20 +125,66 @@ class RouteConfig(Strict):
 
 
 class SloConfig(Strict):
-    """Latency targets a tenant's requests should meet."""
+    """Latency targets a tenant's requests should meet; ``name`` is the SLO class metrics are counted under."""
 
+    name: Name = "default"
     ttft_ms: float = Field(default=1000.0, gt=0)
     tpot_ms: float = Field(default=50.0, gt=0)
 
 
+class RateLimitConfig(Strict):
+    """Per-tenant rate limits over a sliding minute; tokens count prompt plus ``max_tokens`` until settled."""
+
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+
+
+class BudgetConfig(Strict):
+    """Spend caps in USD per UTC day and month: everything, and the hosted part alone."""
+
+    usd_per_day: float | None = Field(default=None, ge=0)
+    usd_per_month: float | None = Field(default=None, ge=0)
+    hosted_usd_per_day: float | None = Field(default=None, ge=0)
+    hosted_usd_per_month: float | None = Field(default=None, ge=0)
+    on_hosted_exceeded: Literal["self_hosted", "reject"] = "self_hosted"
+    """Past a hosted cap: keep serving on the replicas (reason ``budget``), or refuse with 429."""
+
+
 class TenantConfig(Strict):
-    """A team sharing the gateway. Keys are ``sha256:<hex>`` digests, ``os.environ/NAME`` or literals."""
+    """A team sharing the gateway. Keys are ``sha256:<hex>`` digests, ``os.environ/NAME`` or literals;
+    list two to rotate (both valid until the old one is removed)."""
 
     name: Name
     keys: list[str] = Field(min_length=1)
     routes: list[str] = Field(default_factory=lambda: ["*"])
     slo: SloConfig = SloConfig()
     residency: Literal["any", "self_hosted_only"] = "any"
+    priority: Literal["high", "normal", "low"] = "normal"
+    """Who gets paid-for overflow: ``low`` never spills for overflow (it waits or is refused instead)."""
+    limits: RateLimitConfig = RateLimitConfig()
+    budget: BudgetConfig = BudgetConfig()
+    isolation: Literal["shared", "salted", "dedicated"] = "shared"
+    """``shared``: prefix index salted per tenant, replica caches shared (a co-tenant can time cache hits).
+    ``salted``: the gateway also sends a per-tenant ``cache_salt`` so replica caches are never shared.
+    ``dedicated``: only ``dedicated_pools`` serve this tenant, and they serve nobody else."""
+    dedicated_pools: list[Name] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _dedicated_has_pools(self) -> TenantConfig:
+        if (self.isolation == "dedicated") != bool(self.dedicated_pools):
+            raise ValueError("isolation 'dedicated' and 'dedicated_pools' go together")
+        return self
+
+
+class AdminConfig(Strict):
+    """Keys for the admin API and the all-tenant dashboard; never valid as tenant keys."""
+
+    keys: list[str] = Field(default_factory=list)
+
+
+class MetricsConfig(Strict):
+    tenant_labels: bool = False
+    """Label spend series with tenant names; off, they read ``tenant="all"``."""
 
 
 class PrefixConfig(Strict):
@@ -153,6 +199,9 @@ class StateConfig(Strict):
 
     redis_url: str | None = Field(default=None, description="redis://host:port/db, or os.environ/NAME")
     key_prefix: str = Field(default="spillgate", min_length=1, description="namespace of every Redis key")
+    ledger_path: str = Field(default=".spillgate/ledger.sqlite3", min_length=1, description="durable cost ledger")
+    on_redis_outage: Literal["fail_open", "fail_closed"] = "fail_open"
+    """While Redis is unreachable limits are enforced per process; ``fail_closed`` refuses instead."""
 
 
 class AuthConfig(Strict):
@@ -165,6 +214,8 @@ class GatewayConfig(Strict):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
     auth: AuthConfig = AuthConfig()
+    admin: AdminConfig = AdminConfig()
+    metrics: MetricsConfig = MetricsConfig()
     prefix: PrefixConfig = PrefixConfig()
     state: StateConfig = StateConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
@@ -188,9 +239,22 @@ class GatewayConfig(Strict):
             for pattern in tenant.routes:
                 if pattern != "*" and pattern not in route_names:
                     raise ValueError(f"tenant {tenant.name!r} names unknown route {pattern!r}")
+        _check_dedicated_pools(self)
         if self.auth.required and not self.tenants:
             raise ValueError("auth.required is true but no tenants are configured")
         return self
+
+
+def _check_dedicated_pools(config: GatewayConfig) -> None:
+    pools = {p.name for p in config.pools}
+    owner: dict[str, str] = {}
+    for tenant in config.tenants:
+        for pool in tenant.dedicated_pools:
+            if pool not in pools:
+                raise ValueError(f"tenant {tenant.name!r} names unknown dedicated pool {pool!r}")
+            if pool in owner:
+                raise ValueError(f"pool {pool!r} is dedicated to both {owner[pool]!r} and {tenant.name!r}")
+            owner[pool] = tenant.name
 
 
 def _refuse_duplicates(what: str, names: list[str]) -> None:

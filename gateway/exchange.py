@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.errors import ApiError
 from gateway.prefix import Fingerprint
+from gateway.tenants import Tenant
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -36,6 +37,7 @@ class Attempt:
     request_id: str
     started: float
     route: str = "-"
+    tenant: Tenant | None = None
     backend: str = "-"
     reason: str = "-"
     outcome: str = "error"
@@ -51,6 +53,7 @@ class Attempt:
     sent_at: float = 0.0
     booked_tokens: int = 0
     """Output tokens booked on the backend until the request ends."""
+    tpot_s: float | None = None
     alone: bool = False
     """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
 

@@ -8,6 +8,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
+ALL_TENANTS = "all"
+"""The tenant label's value when the deployment has not enabled per-tenant labels."""
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         # ``*_created`` series double the page size and no dashboard reads them.
@@ -50,13 +54,20 @@ class GatewayMetrics:
         self.spend = Counter(
             "spillgate_spend_usd",
             "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",
-            ("route", "backend", "kind"),
+            ("tenant", "route", "backend", "kind"),
             registry=self.registry,
         )
         self.hosted_equivalent = Counter(
             "spillgate_hosted_equivalent_usd",
             "What the same requests would have cost on the route's hosted model: the baseline for savings.",
-            ("route",),
+            ("tenant", "route"),
+            registry=self.registry,
+        )
+        self.slo = Counter(
+            "spillgate_slo_requests",
+            "Finished requests by the tenant's SLO class and whether they met its TTFT and TPOT targets "
+            "(result=met, ttft_missed, tpot_missed); goodput is the rate of result=met.",
+            ("slo_class", "result"),
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -68,6 +79,24 @@ class GatewayMetrics:
         self.backend_healthy = Gauge(
             "spillgate_backend_healthy",
             "1 when the backend passes its health checks.",
+            ("backend",),
+            registry=self.registry,
+        )
+        self.queued = Gauge(
+            "spillgate_backend_queued_requests",
+            "Requests waiting in the replica's queue, as last scraped from its /metrics.",
+            ("backend",),
+            registry=self.registry,
+        )
+        self.running = Gauge(
+            "spillgate_backend_running_requests",
+            "Requests in the replica's running batch, as last scraped.",
+            ("backend",),
+            registry=self.registry,
+        )
+        self.kv_usage = Gauge(
+            "spillgate_backend_kv_usage_ratio",
+            "Fraction of the replica's KV cache in use, as last scraped.",
             ("backend",),
             registry=self.registry,
         )

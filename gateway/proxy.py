@@ -35,6 +35,7 @@ from gateway.exchange import (
     send_json,
 )
 from gateway.hosted_relay import HostedRelay
+from gateway.metrics import ALL_TENANTS
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -51,6 +52,19 @@ _FAILURES = {
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
+_GATEWAY_OWNED_FIELDS = (
+    "rid",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "lora_path",
+    "custom_logit_processor",
+    "data_parallel_rank",
+    "priority",
+    "return_hidden_states",
+)
+"""SGLang request fields a client must not set: they would name another host (disaggregation bootstrap),
+load files or code on the replica, jump the queue, or collide with other requests' ids."""
 
 
 class CompletionsHandler:
@@ -88,9 +102,11 @@ class CompletionsHandler:
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
         attempt.route = route.name
+        attempt.tenant = tenant
         attempt.stream = parsed.stream
+        targets = route.targets_for(tenant.name)
         if route.policy.uses_prefix:
-            self._match_prefix(parsed, route, tenant.name, attempt)
+            self._match_prefix(parsed, targets, route.name, tenant.name, attempt)
         request = RouteRequest(
             tenant=tenant.name,
             route=route.name,
@@ -107,7 +123,7 @@ class CompletionsHandler:
             chat=self._chat,
         )
         try:
-            decision = route.policy.decide(request, state.registry.snapshot(route.targets, attempt.prefix_tokens))
+            decision = route.policy.decide(request, state.registry.snapshot(targets, attempt.prefix_tokens))
         except NoCandidate as exc:
             raise ApiError(
                 503,
@@ -133,12 +149,14 @@ class CompletionsHandler:
         verdict = self._state.classifier.score(parsed.payload)
         return route.complex_tier if verdict.score >= threshold else 0
 
-    def _match_prefix(self, parsed: ParsedRequest, route: Route, tenant: str, attempt: Attempt) -> None:
+    def _match_prefix(
+        self, parsed: ParsedRequest, targets: tuple[str, ...], route: str, tenant: str, attempt: Attempt
+    ) -> None:
         """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds."""
         prefix = self._state.prefix
-        fingerprint = prefix.fingerprint(parsed.payload, chat=self._chat, model=route.name, salt=tenant)
+        fingerprint = prefix.fingerprint(parsed.payload, chat=self._chat, model=route, salt=tenant)
         attempt.fingerprint = fingerprint
-        attempt.matched_blocks = prefix.matched_blocks(fingerprint, route.targets)
+        attempt.matched_blocks = prefix.matched_blocks(fingerprint, targets)
         per_block = prefix.tokens_per_block
         attempt.prefix_tokens = {
             name: min(blocks * per_block, parsed.prompt_tokens) for name, blocks in attempt.matched_blocks.items()
@@ -189,6 +207,11 @@ class CompletionsHandler:
     async def _serve_replica(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
         payload = parsed.payload
         payload["model"] = backend.served_model
+        for owned in _GATEWAY_OWNED_FIELDS:
+            payload.pop(owned, None)
+        salt = attempt.tenant.cache_salt(payload.pop("cache_salt", None)) if attempt.tenant else None
+        if salt is not None:
+            payload["cache_salt"] = salt
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
@@ -301,6 +324,7 @@ class CompletionsHandler:
         tpot = None
         if isinstance(tokens, int) and tokens > 1 and attempt.first_token_at:
             tpot = (time.perf_counter() - attempt.first_token_at) / (tokens - 1)
+            attempt.tpot_s = tpot
             self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
         backend.observe_latency(attempt.first_token_at - attempt.sent_at if attempt.first_token_at else None, tpot)
 
@@ -328,10 +352,30 @@ class CompletionsHandler:
         if cost is None:  # a replica: its GPU time, priced per output token
             cost = completion * backend.usd_per_mtok_out / 1e6
         metrics = self._state.metrics
-        metrics.spend.labels(attempt.route, attempt.backend, backend.kind).inc(cost)
+        tenant = self._tenant_label(attempt)
+        metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(cost)
         reference = self._state.routes[attempt.route].reference_price
         if reference is not None:
-            metrics.hosted_equivalent.labels(attempt.route).inc(reference.cost(prompt, completion, _cached(usage)))
+            equivalent = reference.cost(prompt, completion, _cached(usage))
+            metrics.hosted_equivalent.labels(tenant, attempt.route).inc(equivalent)
+
+    def _tenant_label(self, attempt: Attempt) -> str:
+        if attempt.tenant is None or not self._state.config.metrics.tenant_labels:
+            return ALL_TENANTS
+        return attempt.tenant.name
+
+    def _count_slo(self, attempt: Attempt, tpot_s: float | None) -> None:
+        """Whether the request met its tenant's SLO: the numerator of goodput."""
+        tenant = attempt.tenant
+        if tenant is None or not attempt.first_token_at:
+            return
+        if attempt.first_token_at - attempt.started > tenant.ttft_slo_s:
+            result = "ttft_missed"
+        elif tpot_s is not None and tpot_s > tenant.tpot_slo_s:
+            result = "tpot_missed"
+        else:
+            result = "met"
+        self._state.metrics.slo.labels(tenant.slo_class, result).inc()
 
     def _record(self, attempt: Attempt) -> None:
         metrics = self._state.metrics
@@ -344,6 +388,7 @@ class CompletionsHandler:
             self._count_spend(attempt)
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
+            self._count_slo(attempt, attempt.tpot_s)
 
 
 def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:

@@ -42,7 +42,13 @@ class Route:
     """The tier a prompt scored complex must get: above every replica's, if a hosted target has one."""
     spilling: bool = False
     """Whether the last overflow decision spilled: the hysteresis state, fed back into the next decision."""
+    dedicated_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """For each tenant with dedicated pools: its pools' replicas (and the route's hosted targets)."""
     _sequence: Iterator[int] = field(default_factory=itertools.count, repr=False)
+
+    def targets_for(self, tenant: str) -> tuple[str, ...]:
+        """The backends ``tenant`` may be served by: its dedicated replicas, or everything not dedicated."""
+        return self.dedicated_targets.get(tenant, self.targets)
 
     def next_sequence(self) -> int:
         return next(self._sequence)
@@ -89,6 +95,22 @@ def _complex_tier(route: RouteConfig, config: GatewayConfig) -> int:
     hosted_tiers = [h.tier for h in config.hosted_models if h.name in route.targets]
     above = [tier for tier in hosted_tiers if tier > max(replica_tiers, default=0)]
     return min(above, default=0)
+
+
+def _dedicated_targets(
+    route: RouteConfig, config: GatewayConfig, members: Mapping[str, list[str]], hosted_names: set[str]
+) -> dict[str, tuple[str, ...]]:
+    hosted = [name for name in route.targets if name in hosted_names]
+    return {
+        tenant.name: tuple(
+            name
+            for target in route.targets
+            if target in tenant.dedicated_pools or target in hosted
+            for name in members[target]
+        )
+        for tenant in config.tenants
+        if tenant.isolation == "dedicated"
+    }
 
 
 def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Policy | HybridPolicy:
@@ -175,8 +197,9 @@ def build_state(
         members[hosted.name] = [hosted.name]
     routes: dict[str, Route] = {}
     hosted_names = {h.name for h in config.hosted_models}
+    owners = {pool: t.name for t in config.tenants for pool in t.dedicated_pools}
     for route_config in config.routes:
-        targets = tuple(name for target in route_config.targets for name in members[target])
+        targets = tuple(name for target in route_config.targets if target not in owners for name in members[target])
         route = Route(
             route_config.name,
             targets,
@@ -184,6 +207,7 @@ def build_state(
             route_config.spill,
             complex_tier=_complex_tier(route_config, config),
             reference_price=_reference_price(route_config, hosted_models),
+            dedicated_targets=_dedicated_targets(route_config, config, members, hosted_names),
         )
         for name in (route_config.name, *route_config.aliases):
             routes[name] = route
@@ -204,7 +228,9 @@ def build_state(
         ),
         prefix=prefix,
         routes=routes,
-        tenants=TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases),
+        tenants=TenantDirectory(
+            config.tenants, required=config.auth.required, route_aliases=aliases, admin=config.admin
+        ),
         upstream=Http1Client(connect_timeout=config.timeouts.connect_s, read_timeout=config.timeouts.read_s),
         metrics=GatewayMetrics(),
         hosted_models=hosted_models,

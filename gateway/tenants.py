@@ -1,15 +1,18 @@
-"""API keys to tenants. Keys are kept only as SHA-256 digests, so a lookup reveals nothing by its timing."""
+"""API keys to tenants. Keys are kept only as SHA-256 digests, so the config and memory hold no key and a
+lookup's timing says nothing about which keys exist."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
 
-from gateway.config import TenantConfig
+from gateway.config import AdminConfig, ConfigError, TenantConfig
 from gateway.errors import ApiError
 from gateway.secrets import resolve_secret
 
 ANONYMOUS = "anonymous"
+_SALT_SEPARATOR = "|"
+"""Not allowed in tenant names, so no tenant can produce a cache salt in another tenant's namespace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +22,32 @@ class Tenant:
     """Canonical names of the routes this tenant may call; ``"*"`` allows all."""
     ttft_slo_s: float = float("inf")
     tpot_slo_s: float = float("inf")
+    slo_class: str = "default"
     self_hosted_only: bool = False
+    priority: str = "normal"
+    isolation: str = "shared"
+    dedicated_pools: frozenset[str] = frozenset()
+    config: TenantConfig | None = None
 
     def may_use(self, route: str) -> bool:
         return "*" in self.routes or route in self.routes
+
+    def cache_salt(self, requested: object) -> str | None:
+        """The ``cache_salt`` the replica gets. ``salted``/``dedicated`` tenants always get their own,
+        whatever the client sent; others keep the client's salt, confined to their own namespace."""
+        if self.isolation != "shared":
+            return self.name + _SALT_SEPARATOR
+        if isinstance(requested, str) and requested:
+            return self.name + _SALT_SEPARATOR + requested
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Admin:
+    """A caller holding an admin key: the admin API and every tenant's spend, but no completions."""
+
+    key_id: str
+    """The first characters of the key's digest: enough to tell keys apart in the config history."""
 
 
 def key_digest(key: str) -> str:
@@ -36,33 +61,91 @@ def resolve_key(spec: str) -> str:
     return key_digest(resolve_secret(spec))
 
 
-class TenantDirectory:
-    """Finds the tenant behind a bearer key."""
+def _bearer(authorization: str | None) -> str | None:
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return None
 
-    def __init__(self, tenants: list[TenantConfig], *, required: bool, route_aliases: dict[str, str]) -> None:
+
+_INVALID_KEY = "Invalid or missing API key. Pass it as 'Authorization: Bearer <key>'."
+
+
+class TenantDirectory:
+    """Finds the tenant (or admin) behind a bearer key."""
+
+    def __init__(
+        self,
+        tenants: list[TenantConfig],
+        *,
+        required: bool,
+        route_aliases: dict[str, str],
+        admin: AdminConfig | None = None,
+    ) -> None:
         self._required = required
         self._by_digest: dict[str, Tenant] = {}
+        self.by_name: dict[str, Tenant] = {}
         for config in tenants:
-            # A tenant may name a route by any alias; it is then allowed the route under every name.
-            tenant = Tenant(
-                config.name,
-                frozenset(route_aliases.get(r, r) for r in config.routes),
-                ttft_slo_s=config.slo.ttft_ms / 1000,
-                tpot_slo_s=config.slo.tpot_ms / 1000,
-                self_hosted_only=config.residency == "self_hosted_only",
-            )
+            tenant = _tenant_from(config, route_aliases)
+            self.by_name[tenant.name] = tenant
             for spec in config.keys:
                 self._by_digest[resolve_key(spec)] = tenant
+        self._admins: dict[str, Admin] = {}
+        for spec in admin.keys if admin else []:
+            digest = resolve_key(spec)
+            if digest in self._by_digest:
+                raise ConfigError("admin.keys: an admin key is also a tenant key; admin keys must be separate")
+            self._admins[digest] = Admin(digest[:12])
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))
+
+    @property
+    def dedicated_pools(self) -> frozenset[str]:
+        """Pools reserved to one tenant each: no other tenant's request may go there."""
+        return frozenset(p for t in self.by_name.values() for p in t.dedicated_pools)
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant for an ``Authorization`` header; 401 alike for a missing, malformed or unknown key."""
-        if authorization and authorization[:7].lower() == "bearer ":
-            tenant = self._by_digest.get(key_digest(authorization[7:].strip()))
+        key = _bearer(authorization)
+        if key is not None:
+            tenant = self._by_digest.get(key_digest(key))
             if tenant is not None:
                 return tenant
         if not self._required:
             return self._anonymous
-        raise ApiError(
-            401, "Invalid or missing API key. Pass it as 'Authorization: Bearer <key>'.", code="invalid_api_key"
-        )
+        raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
+
+    def authenticate_any(self, authorization: str | None) -> Tenant | Admin:
+        """An admin or a tenant; for the endpoints both may read (the dashboard, spend)."""
+        key = _bearer(authorization)
+        if key is not None:
+            digest = key_digest(key)
+            admin = self._admins.get(digest)
+            if admin is not None:
+                return admin
+        return self.authenticate(authorization)
+
+    def authenticate_admin(self, authorization: str | None) -> Admin:
+        """An admin, else 401 (no key or an unknown one) or 403 (a tenant key)."""
+        key = _bearer(authorization)
+        digest = key_digest(key) if key is not None else ""
+        admin = self._admins.get(digest)
+        if admin is not None:
+            return admin
+        if digest in self._by_digest:
+            raise ApiError(403, "This endpoint needs an admin key.", code="admin_key_required")
+        raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
+
+
+def _tenant_from(config: TenantConfig, route_aliases: dict[str, str]) -> Tenant:
+    # A tenant may name a route by any alias; it is then allowed the route under every name.
+    return Tenant(
+        config.name,
+        frozenset(route_aliases.get(r, r) for r in config.routes),
+        ttft_slo_s=config.slo.ttft_ms / 1000,
+        tpot_slo_s=config.slo.tpot_ms / 1000,
+        slo_class=config.slo.name,
+        self_hosted_only=config.residency == "self_hosted_only",
+        priority=config.priority,
+        isolation=config.isolation,
+        dedicated_pools=frozenset(config.dedicated_pools),
+        config=config,
+    )

@@ -13,11 +13,11 @@ from tests.bench.burst_stack import HOSTED, SETUPS, GatewayCounters, StackSpec, 
 METRICS = """\
 # HELP spillgate_spend_usd_total What requests cost.
 # TYPE spillgate_spend_usd_total counter
-spillgate_spend_usd_total{backend="llama-8b-0",kind="replica",route="bench"} 0.25
-spillgate_spend_usd_total{backend="llama-8b-1",kind="replica",route="bench"} 0.5
-spillgate_spend_usd_total{backend="frontier",kind="hosted",route="bench"} 3.0
+spillgate_spend_usd_total{backend="llama-8b-0",kind="replica",route="bench",tenant="all"} 0.25
+spillgate_spend_usd_total{backend="llama-8b-1",kind="replica",route="bench",tenant="all"} 0.5
+spillgate_spend_usd_total{backend="frontier",kind="hosted",route="bench",tenant="all"} 3.0
 # TYPE spillgate_hosted_equivalent_usd_total counter
-spillgate_hosted_equivalent_usd_total{route="bench"} 10.0
+spillgate_hosted_equivalent_usd_total{route="bench",tenant="all"} 10.0
 # TYPE spillgate_requests_total counter
 spillgate_requests_total{backend="llama-8b-0",outcome="ok",reason="prefix_hit",route="bench"} 40.0
 spillgate_requests_total{backend="frontier",outcome="ok",reason="overflow",route="bench"} 12.0

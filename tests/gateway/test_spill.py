@@ -134,6 +134,6 @@ def test_overflow_spills_and_residency_holds(hybrid: RunningProcess) -> None:
     equivalent = next(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()
-        if line.startswith('spillgate_hosted_equivalent_usd_total{route="hybrid"}')
+        if line.startswith('spillgate_hosted_equivalent_usd_total{route="hybrid",tenant="all"}')
     )
     assert equivalent > hosted_spend, "sending everything to the hosted model would have cost more"
