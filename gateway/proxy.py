@@ -38,6 +38,7 @@ from gateway.hosted_relay import HostedRelay
 from gateway.metrics import ALL_TENANTS
 from gateway.sse import EventRelay
 from gateway.state import GatewayState, Route
+from gateway.tenants import Tenant
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
 from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest
 
@@ -206,12 +207,7 @@ class CompletionsHandler:
 
     async def _serve_replica(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
         payload = parsed.payload
-        payload["model"] = backend.served_model
-        for owned in _GATEWAY_OWNED_FIELDS:
-            payload.pop(owned, None)
-        salt = attempt.tenant.cache_salt(payload.pop("cache_salt", None)) if attempt.tenant else None
-        if salt is not None:
-            payload["cache_salt"] = salt
+        prepare_replica_payload(payload, backend.served_model, attempt.tenant)
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
@@ -389,6 +385,16 @@ class CompletionsHandler:
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
             self._count_slo(attempt, attempt.tpot_s)
+
+
+def prepare_replica_payload(payload: dict[str, Any], served_model: str, tenant: Tenant | None) -> None:
+    """Rewrite a client's body for SGLang: its model name, the tenant's cache salt, no gateway-owned fields."""
+    payload["model"] = served_model
+    for owned in _GATEWAY_OWNED_FIELDS:
+        payload.pop(owned, None)
+    salt = tenant.cache_salt(payload.pop("cache_salt", None)) if tenant else None
+    if salt is not None:
+        payload["cache_salt"] = salt
 
 
 def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
