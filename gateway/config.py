@@ -223,50 +223,55 @@ class GatewayConfig(Strict):
     routes: list[RouteConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _references_resolve(self) -> GatewayConfig:
-        targets = [p.name for p in self.pools] + [h.name for h in self.hosted_models]
-        _refuse_duplicates("pool or hosted model", targets)
-        _refuse_duplicates("route name or alias", [n for r in self.routes for n in (r.name, *r.aliases)])
-        _refuse_duplicates("tenant", [t.name for t in self.tenants])
-        known = set(targets)
-        for route in self.routes:
-            for target in route.targets:
-                if target not in known:
-                    raise ValueError(f"route {route.name!r} names unknown target {target!r}; known: {sorted(known)}")
-        route_names = {n for r in self.routes for n in (r.name, *r.aliases)}
-        for tenant in self.tenants:
-            for pattern in tenant.routes:
-                if pattern != "*" and pattern not in route_names:
-                    raise ValueError(f"tenant {tenant.name!r} names unknown route {pattern!r}")
-        _check_dedicated_pools(self)
-        if self.auth.required and not self.tenants:
-            raise ValueError("auth.required is true but no tenants are configured")
-        return self
 
-
-def _check_dedicated_pools(config: GatewayConfig) -> None:
+def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
+    """Names that do not resolve, as (field path, message): what pydantic cannot see field by field."""
+    problems: list[tuple[str, str]] = []
+    targets = [p.name for p in config.pools] + [h.name for h in config.hosted_models]
+    problems += _duplicates("pools/hosted_models", "pool or hosted model", targets)
+    problems += _duplicates("routes", "route name or alias", [n for r in config.routes for n in (r.name, *r.aliases)])
+    problems += _duplicates("tenants", "tenant", [t.name for t in config.tenants])
+    known = set(targets)
+    for i, route in enumerate(config.routes):
+        for j, target in enumerate(route.targets):
+            if target not in known:
+                problems.append((f"routes.{i}.targets.{j}", f"unknown target {target!r}; known: {sorted(known)}"))
+    route_names = {n for r in config.routes for n in (r.name, *r.aliases)}
     pools = {p.name for p in config.pools}
     owner: dict[str, str] = {}
-    for tenant in config.tenants:
-        for pool in tenant.dedicated_pools:
+    for i, tenant in enumerate(config.tenants):
+        for j, pattern in enumerate(tenant.routes):
+            if pattern != "*" and pattern not in route_names:
+                problems.append((f"tenants.{i}.routes.{j}", f"tenant {tenant.name!r} names unknown route {pattern!r}"))
+        for j, pool in enumerate(tenant.dedicated_pools):
+            where = f"tenants.{i}.dedicated_pools.{j}"
             if pool not in pools:
-                raise ValueError(f"tenant {tenant.name!r} names unknown dedicated pool {pool!r}")
-            if pool in owner:
-                raise ValueError(f"pool {pool!r} is dedicated to both {owner[pool]!r} and {tenant.name!r}")
-            owner[pool] = tenant.name
+                problems.append((where, f"unknown pool {pool!r}"))
+            elif pool in owner:
+                problems.append((where, f"pool {pool!r} is already dedicated to tenant {owner[pool]!r}"))
+            owner.setdefault(pool, tenant.name)
+    if config.auth.required and not config.tenants:
+        problems.append(("auth.required", "auth.required is true but no tenants are configured"))
+    return problems
 
 
-def _refuse_duplicates(what: str, names: list[str]) -> None:
+def _duplicates(path: str, what: str, names: list[str]) -> list[tuple[str, str]]:
     seen: set[str] = set()
+    problems = []
     for name in names:
         if name in seen:
-            raise ValueError(f"duplicate {what} {name!r}")
+            problems.append((path, f"duplicate {what} {name!r}"))
         seen.add(name)
+    return problems
 
 
 class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file, the field and what was expected."""
+    """A config that cannot be used; the message names the source, each field and what was expected."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+        """Each problem as (field path, message), for the admin API to list."""
 
 
 def load_config(path: Path) -> GatewayConfig:
@@ -281,17 +286,22 @@ def load_config(path: Path) -> GatewayConfig:
 
 
 def parse_config(raw: object, *, source: str = "<config>") -> GatewayConfig:
+    """Validate ``raw``; raise :class:`ConfigError` listing every problem by field path."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+        problem = ("(top level)", f"expected a mapping at the top level, got {type(raw).__name__}")
+        raise ConfigError(f"{source}: {problem[1]}", [problem])
     try:
-        return GatewayConfig.model_validate(raw)
+        config = GatewayConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        problems = [(".".join(str(p) for p in e["loc"]) or "(top level)", e["msg"]) for e in exc.errors()]
+        raise ConfigError(_format(source, problems), problems) from None
+    problems = reference_problems(config)
+    if problems:
+        raise ConfigError(_format(source, problems), problems)
+    return config
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    lines = [f"{source}: {exc.error_count()} problem(s)"]
-    for error in exc.errors():
-        location = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        lines.append(f"  {location}: {error['msg']}")
+def _format(source: str, problems: list[tuple[str, str]]) -> str:
+    lines = [f"{source}: {len(problems)} problem(s)"]
+    lines += [f"  {path}: {message}" for path, message in problems]
     return "\n".join(lines)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         replica_urls, hosted_urls = _start_simulators(config, children)
         try:
             state = build_state(config, replica_urls, hosted_urls)
-        except MissingSecret as exc:
+        except (MissingSecret, ConfigError) as exc:
             print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
             return 2
         _print_banner(config, path, host, port, replica_urls, hosted_urls)

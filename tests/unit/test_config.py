@@ -32,6 +32,14 @@ def test_minimal_config() -> None:
         ({"limits": {"max_body_bytes": -1}}, "limits.max_body_bytes"),
         ({"surprise": 1}, "surprise"),
         ({"auth": {"required": True}}, "no tenants"),
+        ({"tenants": [{"name": "t", "keys": ["k"], "isolation": "dedicated"}]}, "tenants.0: Value error, isolation"),
+        (
+            {"tenants": [{"name": "t", "keys": ["k"], "isolation": "dedicated", "dedicated_pools": ["q"]}]},
+            "tenants.0.dedicated_pools.0: unknown pool 'q'",
+        ),
+        ({"tenants": [{"name": "t", "keys": ["k"], "isolation": "private"}]}, "tenants.0.isolation"),
+        ({"tenants": [{"name": "t", "keys": ["k"], "budget": {"usd_per_day": -1}}]}, "tenants.0.budget.usd_per_day"),
+        ({"routes": [{"name": "r", "targets": ["p", "x"]}]}, "routes.0.targets.1: unknown target 'x'"),
     ],
 )
 def test_errors_name_the_field(change: dict, expected: str) -> None:
@@ -44,3 +52,10 @@ def test_errors_name_the_field(change: dict, expected: str) -> None:
 def test_not_a_mapping() -> None:
     with pytest.raises(ConfigError, match="mapping"):
         parse_config([1, 2])
+
+
+def test_every_problem_is_listed_by_path() -> None:
+    raw = {**MINIMAL, "limits": {"max_tokens": 0, "max_messages": 0}, "listen": {"port": -1}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert sorted(path for path, _ in info.value.problems) == ["limits.max_messages", "limits.max_tokens", "listen.port"]
