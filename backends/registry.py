@@ -138,6 +138,10 @@ class BackendRegistry:
     def __getitem__(self, name: str) -> Backend:
         return self._backends[name]
 
+    def replace(self, backends: Iterable[Backend]) -> None:
+        """Serve a new set of backends (a new config version); the next poll probes the new ones."""
+        self._backends = {b.name: b for b in backends}
+
     def __iter__(self) -> Iterator[Backend]:
         return iter(self._backends.values())
 

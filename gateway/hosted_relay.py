@@ -8,7 +8,7 @@ in-band, as OpenAI does. Provider keys never reach the client: error messages co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from backends.hosted import HostedCompletion, HostedError, HostedModel
 from backends.registry import Backend
@@ -29,16 +29,19 @@ _STATUS = {
 
 
 class HostedRelay:
-    def __init__(self, models: Mapping[str, HostedModel]) -> None:
-        self._models = models
-
     async def serve(
-        self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send, first_token: FirstToken
+        self,
+        model: HostedModel,
+        backend: Backend,
+        parsed: ParsedRequest,
+        attempt: Attempt,
+        send: Send,
+        first_token: FirstToken,
     ) -> str:
         from backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
 
         try:
-            result = await complete(self._models[backend.name], parsed.payload)
+            result = await complete(model, parsed.payload)
         except HostedError as exc:
             raise _try_elsewhere(exc, backend.name) from None
         if isinstance(result, HostedCompletion):

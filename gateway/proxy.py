@@ -36,8 +36,9 @@ from gateway.exchange import (
 )
 from gateway.hosted_relay import HostedRelay
 from gateway.metrics import ALL_TENANTS
+from gateway.routes import Route
 from gateway.sse import EventRelay
-from gateway.state import GatewayState, Route
+from gateway.state import GatewayState
 from gateway.tenants import Tenant
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
 from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest
@@ -73,7 +74,7 @@ class CompletionsHandler:
 
     def __init__(self, state: GatewayState, upstream_path: str) -> None:
         self._state = state
-        self._hosted = HostedRelay(state.hosted_models)
+        self._hosted = HostedRelay()
         self._upstream_path = upstream_path
         self._chat = upstream_path.endswith("chat/completions")
         self._parse = parse_chat_request if self._chat else parse_completion_request
@@ -190,7 +191,9 @@ class CompletionsHandler:
             self._book(backend, parsed, attempt)
             try:
                 if backend.kind == "hosted":
-                    outcome = await self._hosted.serve(backend, parsed, attempt, send, self._first_token)
+                    outcome = await self._hosted.serve(
+                        self._state.hosted_models[name], backend, parsed, attempt, send, self._first_token
+                    )
                     if outcome == "ok" and attempt.stream:
                         self._observe_tpot(backend, attempt)  # hosted TTFT/TPOT predictions learn from this
                     return outcome

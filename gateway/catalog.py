@@ -1,0 +1,117 @@
+"""What one config version builds: backends, hosted models, routes and tenants, swapped in as a whole.
+
+Backends outlive config versions: a replica or hosted model that keeps its name and address keeps its
+object, so in-flight bookkeeping, health and learned rates carry over, and requests admitted under the
+old version settle on the same counters the new version routes by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from backends.hosted import HostedModel, PriceOverride
+from backends.prefill_rate import PrefillRateEstimator
+from backends.registry import Backend
+from gateway.config import GatewayConfig, HostedModelConfig, PoolConfig
+from gateway.routes import Route, build_routes
+from gateway.secrets import resolve_secret
+from gateway.tenants import TenantDirectory
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Addresses of the simulators the gateway started itself, by pool and hosted model name."""
+
+    replicas: Mapping[str, list[str]]
+    hosted: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    config: GatewayConfig
+    backends: tuple[Backend, ...]
+    routes: Mapping[str, Route]
+    """Every route under its name and each of its aliases."""
+    tenants: TenantDirectory
+    hosted_models: Mapping[str, HostedModel]
+
+
+def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping[str, Backend]) -> Catalog:
+    """Build what ``config`` describes, reusing ``existing`` backends that kept their name and address."""
+    backends: list[Backend] = []
+    members: dict[str, list[str]] = {}
+    for pool in config.pools:
+        pool_backends = _pool_backends(pool, endpoints.replicas.get(pool.name) or pool.replicas, existing)
+        backends += pool_backends
+        members[pool.name] = [b.name for b in pool_backends]
+    hosted_models = _hosted_models(config, endpoints.hosted)
+    for hosted in config.hosted_models:
+        backends.append(_hosted_backend(hosted, hosted_models[hosted.name], existing))
+        members[hosted.name] = [hosted.name]
+    routes = build_routes(config, members, hosted_models)
+    aliases = {name: route.name for name, route in routes.items()}
+    tenants = TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases, admin=config.admin)
+    return Catalog(config, tuple(backends), routes, tenants, hosted_models)
+
+
+def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Backend]) -> list[Backend]:
+    backends = []
+    for index, url in enumerate(urls):
+        backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"))
+        backend.served_model = pool.served_model
+        backend.prefill_tokens_per_s = pool.prefill_tokens_per_s
+        backend.tier = pool.tier
+        backend.context_window = pool.context_window
+        # A replica's cost is its GPU time: $/hour over the tokens it produces in an hour.
+        backend.usd_per_mtok_out = pool.gpu_usd_per_hour / (pool.output_tokens_per_s * 3600) * 1e6
+        backends.append(backend)
+    # Replicas of a pool are the same model on the same GPUs: one shared estimate of their prefill rate
+    # learns from all of them, and no replica looks faster than its twins by noise alone.
+    kept = next((b.prefill for b in backends if existing.get(b.name) is b), None)
+    shared_rate = kept or PrefillRateEstimator(pool.prefill_tokens_per_s)
+    for backend in backends:
+        backend.prefill = shared_rate
+    return backends
+
+
+def _hosted_backend(hosted: HostedModelConfig, model: HostedModel, existing: Mapping[str, Backend]) -> Backend:
+    backend = _reuse(existing, hosted.name, "hosted", model.api_base or "")
+    fresh = backend.served_model != hosted.model
+    backend.served_model = hosted.model
+    backend.tier = hosted.tier
+    backend.context_window = hosted.context_window
+    price = model.price
+    backend.usd_per_mtok_in = price.input * 1e6 if price else 0.0
+    backend.usd_per_mtok_out = price.output * 1e6 if price else 0.0
+    if fresh:  # latency priors until measured; a kept model keeps what it measured
+        backend.ttft_s = hosted.ttft_ms / 1000
+        backend.tpot_s = hosted.tpot_ms / 1000
+    return backend
+
+
+def _reuse(existing: Mapping[str, Backend], name: str, kind: str, base_url: str) -> Backend:
+    backend = existing.get(name)
+    if backend is not None and backend.kind == kind and backend.base_url == base_url:
+        return backend
+    return Backend(name, kind, base_url, "")  # type: ignore[arg-type]
+
+
+def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dict[str, HostedModel]:
+    """Hosted models with resolved keys and prices; loads litellm (seconds) only when there are any."""
+    if not config.hosted_models:
+        return {}
+    import backends.hosted.client  # noqa: F401  (litellm, offline, at start-up rather than on a request)
+
+    models = {}
+    for hosted in config.hosted_models:
+        override = PriceOverride(hosted.input_per_mtok, hosted.output_per_mtok, hosted.cached_input_per_mtok)
+        models[hosted.name] = HostedModel(
+            name=hosted.name,
+            litellm_model=hosted.model,
+            api_base=hosted_urls.get(hosted.name) or hosted.api_base,
+            api_key=resolve_secret(hosted.api_key) if hosted.api_key else None,
+            timeout_s=hosted.timeout_s,
+            connect_timeout_s=config.timeouts.connect_s,
+        ).with_price(override)
+    return models
