@@ -1,4 +1,4 @@
-"""The ``spillgate`` command: ``serve``, ``bench``, ``sim-replica``, ``sim-hosted``."""
+"""The ``spillgate`` command: ``serve``, ``bench``, ``plan``, ``sim-replica``, ``sim-hosted``."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     from backends.sim import cli as sim_cli
-    from gateway import serve
+    from gateway import plan, serve
     from gateway.bench import cli as bench_cli
 
     serve.add_arguments(commands.add_parser("serve", help="run the gateway (default: the embedded demo)"))
     bench_cli.add_arguments(
         commands.add_parser("bench", help="load an OpenAI-compatible URL with a workload and report latencies")
+    )
+    plan.add_arguments(
+        commands.add_parser("plan", help="estimate replicas, GPUs and cost per day from a measured operating point")
     )
 
     sim_cli.add_replica_arguments(
