@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.admin import admin_router
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
 from gateway.exchange import Receive, Scope, Send
@@ -138,5 +139,6 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 state.metrics.kv_usage.labels(backend.name).set(backend.load.token_usage)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(admin_router(state))
     app.include_router(dashboard_router(state))
     return app

@@ -24,6 +24,7 @@ class Endpoints:
     """Addresses of the simulators the gateway started itself, by pool and hosted model name."""
 
     replicas: Mapping[str, list[str]]
+    """Simulated replicas by pool; they follow the pool's configured ``replicas``."""
     hosted: Mapping[str, str]
 
 
@@ -39,19 +40,22 @@ class Catalog:
 
 def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping[str, Backend]) -> Catalog:
     """Build what ``config`` describes, reusing ``existing`` backends that kept their name and address."""
+    # What can fail (a missing secret, an admin key reused as a tenant key) comes before anything that
+    # touches the live backends, so a refused version leaves them as they were.
+    hosted_models = _hosted_models(config, endpoints.hosted)
+    aliases = {name: route.name for route in config.routes for name in (route.name, *route.aliases)}
+    tenants = TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases, admin=config.admin)
     backends: list[Backend] = []
     members: dict[str, list[str]] = {}
     for pool in config.pools:
-        pool_backends = _pool_backends(pool, endpoints.replicas.get(pool.name) or pool.replicas, existing)
+        urls = [*pool.replicas, *(endpoints.replicas.get(pool.name, []) if pool.simulated is not None else [])]
+        pool_backends = _pool_backends(pool, urls, existing)
         backends += pool_backends
         members[pool.name] = [b.name for b in pool_backends]
-    hosted_models = _hosted_models(config, endpoints.hosted)
     for hosted in config.hosted_models:
         backends.append(_hosted_backend(hosted, hosted_models[hosted.name], existing))
         members[hosted.name] = [hosted.name]
     routes = build_routes(config, members, hosted_models)
-    aliases = {name: route.name for name, route in routes.items()}
-    tenants = TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases, admin=config.admin)
     return Catalog(config, tuple(backends), routes, tenants, hosted_models)
 
 
@@ -109,7 +113,7 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
         models[hosted.name] = HostedModel(
             name=hosted.name,
             litellm_model=hosted.model,
-            api_base=hosted_urls.get(hosted.name) or hosted.api_base,
+            api_base=hosted_urls[hosted.name] if hosted.simulated is not None else hosted.api_base,
             api_key=resolve_secret(hosted.api_key) if hosted.api_key else None,
             timeout_s=hosted.timeout_s,
             connect_timeout_s=config.timeouts.connect_s,

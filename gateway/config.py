@@ -199,7 +199,7 @@ class StateConfig(Strict):
 
     redis_url: str | None = Field(default=None, description="redis://host:port/db, or os.environ/NAME")
     key_prefix: str = Field(default="spillgate", min_length=1, description="namespace of every Redis key")
-    ledger_path: str = Field(default=".spillgate/ledger.sqlite3", min_length=1, description="durable cost ledger")
+    data_dir: str = Field(default=".spillgate", min_length=1, description="the cost ledger and config history")
     on_redis_outage: Literal["fail_open", "fail_closed"] = "fail_open"
     """While Redis is unreachable limits are enforced per process; ``fail_closed`` refuses instead."""
 
@@ -276,13 +276,17 @@ class ConfigError(Exception):
 
 def load_config(path: Path) -> GatewayConfig:
     """Read and validate ``path``; raise :class:`ConfigError` with every problem listed."""
+    return parse_config(read_raw(path), source=str(path))
+
+
+def read_raw(path: Path) -> object:
+    """The YAML document in ``path``, not yet validated."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_config(raw, source=str(path))
 
 
 def parse_config(raw: object, *, source: str = "<config>") -> GatewayConfig:

@@ -13,7 +13,8 @@ from pathlib import Path
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, load_config
+from gateway.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
+from gateway.live_config import LiveConfig
 from gateway.secrets import MissingSecret
 from gateway.state import build_state
 from gateway.supervisor import ChildProcesses
@@ -32,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe is noise
     path = args.config or DEMO_CONFIG_PATH
     try:
-        config = load_config(path)
+        raw = read_raw(path)
+        config = parse_config(raw, source=str(path))
     except ConfigError as exc:
         print(f"spillgate: invalid config\n{exc}", file=sys.stderr)
         return 2
@@ -44,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         replica_urls, hosted_urls = _start_simulators(config, children)
         try:
             state = build_state(config, replica_urls, hosted_urls)
+            assert isinstance(raw, dict)
+            state.live = LiveConfig(state, raw, path=path)
         except (MissingSecret, ConfigError) as exc:
             print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
             return 2
@@ -78,13 +82,14 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[dict[str, list[str]], dict[str, str]]:
     replica_urls: dict[str, list[str]] = {}
+    """Addresses of the simulated replicas, by pool (a pool's configured ``replicas`` come first)."""
     for pool in config.pools:
-        urls = list(pool.replicas)
         if pool.simulated is not None:
             sim = pool.simulated
             args = ["--preset", sim.preset, "--time-scale", str(sim.time_scale), "--model-name", pool.served_model]
-            urls += [children.start("sim-replica", [*args, *sim.extra_args]) for _ in range(sim.count)]
-        replica_urls[pool.name] = urls
+            replica_urls[pool.name] = [
+                children.start("sim-replica", [*args, *sim.extra_args]) for _ in range(sim.count)
+            ]
     hosted_urls: dict[str, str] = {}
     """API bases of the simulated hosted models (real ones use their configured ``api_base``)."""
     started: list[str] = []
@@ -108,8 +113,7 @@ def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[
         started.append(url)
         # litellm appends /chat/completions to an OpenAI-style base and /v1/messages to Anthropic's.
         hosted_urls[hosted.name] = url if hosted.model.startswith("anthropic/") else url + "/v1"
-    simulated = [u for p in config.pools if p.simulated for u in replica_urls[p.name][len(p.replicas) :]]
-    children.wait_ready(simulated + started)
+    children.wait_ready([u for urls in replica_urls.values() for u in urls] + started)
     return replica_urls, hosted_urls
 
 
@@ -128,7 +132,7 @@ def _print_banner(
         f"  dashboard:       {url}/dashboard   metrics: {url}/metrics",
     ]
     for pool in config.pools:
-        lines.append(f"  pool {pool.name}: {', '.join(replica_urls[pool.name])}")
+        lines.append(f"  pool {pool.name}: {', '.join([*pool.replicas, *replica_urls.get(pool.name, [])])}")
     for hosted in config.hosted_models:
         where = hosted_urls.get(hosted.name) or hosted.api_base or "provider default"
         lines.append(f"  hosted {hosted.name}: {hosted.model} at {where}")

@@ -13,6 +13,7 @@ from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
 from gateway.catalog import Catalog, Endpoints, build_catalog
 from gateway.config import GatewayConfig
+from gateway.live_config import LiveConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker
 from gateway.routes import Route
@@ -37,6 +38,8 @@ class GatewayState:
     prefix: PrefixTracker
     hosted_models: Mapping[str, HostedModel] = field(default_factory=dict)
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
+    live: LiveConfig | None = None
+    """Versions of the config and the way to change it; set by ``spillgate serve``."""
 
     def apply(self, catalog: Catalog) -> None:
         """Switch to a new config version. Plain attribute swaps, so no request sees half of one: a request
@@ -51,14 +54,19 @@ class GatewayState:
         self.config = catalog.config
 
     async def start(self) -> None:
+        client = None
         if self.config.state.redis_url:
             client = aioredis.from_url(resolve_secret(self.config.state.redis_url), socket_timeout=2.0)
             stream = f"{self.config.state.key_prefix}:prefix-index"
             self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
             await self.prefix.shared.start()
+        if self.live is not None:
+            await self.live.start(client)
         await self.registry.start()
 
     async def stop(self) -> None:
+        if self.live is not None:
+            await self.live.stop()
         await self.registry.stop()
         if self.prefix.shared is not None:
             await self.prefix.shared.stop()

@@ -32,9 +32,10 @@ def gateway_config(replica_urls: list[str], **overrides: Any) -> dict[str, Any]:
 
 
 def start_gateway(config: dict[str, Any], tmp_path: Path, *, ready_path: str = "/health") -> RunningProcess:
-    path = tmp_path / f"gateway-{free_port()}.yaml"
-    path.write_text(yaml.safe_dump(config))
     port = free_port()
+    config = {**config, "state": {"data_dir": str(tmp_path / f"data-{port}"), **config.get("state", {})}}
+    path = tmp_path / f"gateway-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
     return start_spillgate(
         ["serve", "--config", str(path), "--port", str(port)], port=port, log_dir=tmp_path, ready_path=ready_path
     )

@@ -58,4 +58,5 @@ def test_every_problem_is_listed_by_path() -> None:
     raw = {**MINIMAL, "limits": {"max_tokens": 0, "max_messages": 0}, "listen": {"port": -1}}
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
-    assert sorted(path for path, _ in info.value.problems) == ["limits.max_messages", "limits.max_tokens", "listen.port"]
+    paths = sorted(path for path, _ in info.value.problems)
+    assert paths == ["limits.max_messages", "limits.max_tokens", "listen.port"]

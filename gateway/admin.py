@@ -1,0 +1,91 @@
+"""The admin API: the running config, its history, live edits and rollbacks. Admin keys only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+import yaml
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.config import ConfigError
+from gateway.config_history import redact
+from gateway.errors import ApiError, error_body
+from gateway.live_config import LiveConfig
+from gateway.state import GatewayState
+
+
+def admin_router(state: GatewayState) -> APIRouter:
+    router = APIRouter(prefix="/admin")
+
+    def live(request: Request) -> tuple[LiveConfig, str]:
+        admin = state.tenants.authenticate_admin(request.headers.get("authorization"))
+        if state.live is None:
+            raise ApiError(503, "Live configuration is not enabled in this process.", code="config_unavailable")
+        return state.live, f"admin:{admin.key_id}"
+
+    @router.get("/config")
+    async def get_config(request: Request) -> dict[str, Any]:
+        """The running config, secrets redacted: send it back edited with ``PUT``."""
+        config, _ = live(request)
+        return {"version": config.current.version, "config": redact(config.current.raw)}
+
+    @router.put("/config")
+    async def put_config(request: Request) -> Response:
+        """Validate a whole config and swap it in; refused whole, every problem listed, when invalid."""
+        config, author = live(request)
+        raw = _parse_body(await request.body(), request.headers.get("content-type", ""))
+        return await _change(config.propose(raw, author))
+
+    @router.get("/config/history")
+    async def history(request: Request) -> dict[str, Any]:
+        config, _ = live(request)
+        return {"current": config.current.version, "versions": [v.summary() for v in config.history()]}
+
+    @router.post("/config/rollback/{version}")
+    async def rollback(version: int, request: Request) -> Response:
+        config, author = live(request)
+        if config.version(version) is None:
+            raise ApiError(404, f"There is no config version {version}.", param="version", code="version_not_found")
+        return await _change(config.rollback(version, author))
+
+    return router
+
+
+async def _change(change: Any) -> Response:
+    try:
+        version = await change
+    except ConfigError as exc:
+        return _refused(exc)
+    except (aioredis.RedisError, OSError):
+        raise ApiError(
+            503,
+            "Redis is unreachable, so the change could not reach the other gateway processes; nothing changed.",
+            code="config_store_unavailable",
+            headers={"retry-after": "1"},
+        ) from None
+    return Response(
+        orjson.dumps({"version": version.version, "diff": list(version.diff)}), media_type="application/json"
+    )
+
+
+def _parse_body(body: bytes, content_type: str) -> object:
+    try:
+        if "yaml" in content_type:
+            return yaml.safe_load(body)
+        return orjson.loads(body)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ApiError(400, f"The config is not valid {'YAML' if 'yaml' in content_type else 'JSON'}: {exc}") from None
+
+
+def _refused(exc: ConfigError) -> Response:
+    """422 in OpenAI's error shape, plus every problem by field path."""
+    problems = exc.problems or [("(config)", str(exc))]
+    first_path = problems[0][0]
+    message = f"The config was refused ({len(problems)} problem(s)); the running config is unchanged. "
+    message += "; ".join(f"{path}: {text}" for path, text in problems)
+    body = orjson.loads(error_body(422, message, param=first_path, code="invalid_config"))
+    body["problems"] = [{"path": path, "message": text} for path, text in problems]
+    return Response(orjson.dumps(body), status_code=422, media_type="application/json")

@@ -1,0 +1,252 @@
+"""Live policy edits: validate a new config, swap it in whole, keep every version, and share them.
+
+Edits arrive from the admin API, from the YAML file changing on disk, or (with Redis) from another
+gateway process. Each is validated in full first; a refused edit changes nothing. An accepted one becomes
+a numbered version: recorded durably, applied by swapping the state's catalog (requests already admitted
+finish under the version they started with), and with Redis published so that every process applies it.
+Settings the gateway can only take at start-up (listen address, state store, simulators) are refused
+with a message saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+import yaml
+
+from gateway.catalog import build_catalog
+from gateway.config import ConfigError, GatewayConfig, parse_config
+from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, unredact
+from gateway.secrets import MissingSecret
+
+if TYPE_CHECKING:
+    from gateway.state import GatewayState
+
+log = logging.getLogger("spillgate.config")
+
+_RESTART_ONLY = ("listen", "state", "prefix", "health", "timeouts")
+_FILE_POLL_S = 1.0
+_REDIS_POLL_S = 0.25
+
+
+class LiveConfig:
+    """The running config's versions, and the one way to change them."""
+
+    def __init__(self, state: GatewayState, raw: dict[str, Any], *, path: Path | None) -> None:
+        self._state = state
+        self._path = path
+        self._redis: aioredis.Redis | None = None
+        self._refused = 0
+        self._keys = f"{state.config.state.key_prefix}:config"
+        self._history = LocalHistory(Path(state.config.state.data_dir) / "config-history.jsonl")
+        self._lock = asyncio.Lock()
+        self._file_sha = file_digest(path.read_text()) if path else None
+        self._startup_raw = raw
+        self.current = ConfigVersion(0, 0.0, "startup", raw, ())
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def history(self) -> list[ConfigVersion]:
+        return list(self._history.versions)
+
+    def version(self, number: int) -> ConfigVersion | None:
+        return self._history.get(number)
+
+    # -- changing ----------------------------------------------------------------------------------------
+
+    async def propose(self, raw: object, author: str, *, file_sha: str | None = None) -> ConfigVersion:
+        """Validate ``raw`` and make it the running version; :class:`ConfigError` lists every problem.
+        ``file_sha`` is the digest of the config file's new content when the edit came from the file."""
+        async with self._lock:
+            if isinstance(raw, dict):
+                # Start-up settings left out of an edit stay as they are.
+                kept = {key: self.current.raw[key] for key in _RESTART_ONLY if key in self.current.raw}
+                raw = kept | unredact(raw, self.current.raw)
+            config = self._validate(raw)
+            assert isinstance(raw, dict)
+            number = await self._next_number()
+            if file_sha is not None:
+                self._file_sha = file_sha
+            version = new_version(number, author, raw, self.current.raw, self._file_sha)
+            self._apply(config, version)
+            await self._publish(version)
+            log.info("config version %d applied (%s): %d change(s)", number, author, len(version.diff))
+            return version
+
+    async def rollback(self, number: int, author: str) -> ConfigVersion:
+        old = self._history.get(number)
+        if old is None:
+            raise KeyError(number)
+        return await self.propose(old.raw, f"{author} (rollback to {number})")
+
+    def _validate(self, raw: object) -> GatewayConfig:
+        config = parse_config(raw, source="config")
+        problems = restart_problems(self._state.config, config)
+        if problems:
+            raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
+        return config
+
+    def _apply(self, config: GatewayConfig, version: ConfigVersion, *, record: bool = True) -> None:
+        existing = {b.name: b for b in self._state.registry}
+        try:
+            catalog = build_catalog(config, self._state.endpoints, existing)
+        except (ConfigError, MissingSecret) as exc:
+            message = str(exc).removeprefix("config: ")
+            raise ConfigError(f"config: {message}", [("(config)", message)]) from None
+        self._state.apply(catalog)
+        if record:
+            self._history.append(version)
+        self.current = version
+
+    # -- start-up, the file and other processes ------------------------------------------------------------
+
+    async def start(self, redis: aioredis.Redis | None = None) -> None:
+        """Settle which version runs: the file's, unless edits made since the file was read are newer;
+        with Redis, the fleet's when it is newer still."""
+        self._redis = redis
+        latest = self._history.latest
+        if latest is not None and latest.file_sha == self._file_sha:
+            self._resume(latest)
+        else:
+            author = "startup" if latest is None else "file"
+            number = (latest.version if latest else 0) + 1
+            version = new_version(number, author, self._startup_raw, latest.raw if latest else None, self._file_sha)
+            self._history.append(version)
+            self.current = version
+        if self._redis is not None:
+            await self._join_fleet()
+            self._tasks.append(asyncio.create_task(self._follow_fleet(), name="spillgate-config-follow"))
+        if self._path is not None:
+            self._tasks.append(asyncio.create_task(self._watch_file(), name="spillgate-config-watch"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _resume(self, latest: ConfigVersion) -> None:
+        """The file is as it was at ``latest``: keep the API edits made since, as that version."""
+        if latest.raw == self._startup_raw:
+            self.current = latest
+            return
+        try:
+            self._apply(self._validate(latest.raw), latest, record=False)
+        except ConfigError as exc:
+            log.error("config version %d no longer applies, running the file instead: %s", latest.version, exc)
+            self.current = latest
+
+    async def _watch_file(self) -> None:
+        assert self._path is not None
+        seen = self._file_sha
+        while True:
+            await asyncio.sleep(_FILE_POLL_S)
+            try:
+                text = self._path.read_text()
+            except OSError:
+                continue
+            sha = file_digest(text)
+            if sha in (seen, self._file_sha):
+                continue  # unchanged, or back to the content the running version came from
+            seen = sha
+            try:
+                raw = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                log.error(
+                    "%s changed but is not valid YAML; keeping version %d: %s", self._path, self.current.version, exc
+                )
+                continue
+            if raw == self.current.raw:
+                self._file_sha = sha
+                continue
+            try:
+                await self.propose(raw, "file", file_sha=sha)
+            except ConfigError as exc:
+                log.error("%s changed but was refused; keeping version %d:\n%s", self._path, self.current.version, exc)
+            except (aioredis.RedisError, OSError) as exc:
+                log.error("%s changed but Redis is unreachable, so it was not applied: %s", self._path, exc)
+
+    async def _next_number(self) -> int:
+        if self._redis is None:
+            return self.current.version + 1
+        return int(await self._redis.incr(f"{self._keys}:seq"))
+
+    async def _publish(self, version: ConfigVersion) -> None:
+        if self._redis is None:
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(f"{self._keys}:versions", str(version.version), version.to_json())
+            pipe.set(f"{self._keys}:current", version.version)
+            await pipe.execute()
+
+    async def _join_fleet(self) -> None:
+        """Adopt the fleet's version if it is newer; else make ours the fleet's."""
+        assert self._redis is not None
+        try:
+            fleet = int(await self._redis.get(f"{self._keys}:current") or 0)
+            if fleet > self.current.version:
+                await self._adopt(fleet)
+                return
+            if fleet < self.current.version:
+                await self._redis.set(f"{self._keys}:seq", self.current.version)
+                await self._publish(self.current)
+        except (aioredis.RedisError, OSError) as exc:
+            log.warning("Redis unreachable at start-up; running config version %d alone: %s", self.current.version, exc)
+
+    async def _follow_fleet(self) -> None:
+        assert self._redis is not None
+        while True:
+            await asyncio.sleep(_REDIS_POLL_S)
+            try:
+                fleet = int(await self._redis.get(f"{self._keys}:current") or 0)
+                if fleet > self.current.version and fleet != self._refused:
+                    async with self._lock:
+                        await self._adopt(fleet)
+            except (aioredis.RedisError, OSError):
+                continue  # the fleet's version is picked up when Redis answers again
+
+    async def _adopt(self, number: int) -> None:
+        assert self._redis is not None
+        text = await self._redis.hget(f"{self._keys}:versions", str(number))
+        if text is None:
+            return
+        fleet = ConfigVersion.from_json(text.decode() if isinstance(text, bytes) else text)
+        # Start-up settings belong to each process (its own listen address and data directory).
+        local = {key: self.current.raw[key] for key in _RESTART_ONLY if key in self.current.raw}
+        raw = {key: value for key, value in fleet.raw.items() if key not in _RESTART_ONLY} | local
+        version = ConfigVersion(number, fleet.applied_at, fleet.author, raw, fleet.diff, self._file_sha)
+        try:
+            self._apply(self._validate(version.raw), version)
+        except ConfigError as exc:
+            self._refused = number
+            log.error("fleet config version %d cannot run here; keeping %d: %s", number, self.current.version, exc)
+            return
+        log.info("config version %d adopted from the fleet", number)
+
+
+def restart_problems(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, str]]:
+    """Changes a running gateway cannot make: listed by field, each saying a restart is needed."""
+    problems = [
+        (field, "takes effect only at start-up; restart the gateway to change it")
+        for field in _RESTART_ONLY
+        if getattr(old, field) != getattr(new, field)
+    ]
+    started = {p.name: p.simulated for p in old.pools}
+    for index, pool in enumerate(new.pools):
+        if pool.simulated is not None and started.get(pool.name) != pool.simulated:
+            problems.append(
+                (f"pools.{index}.simulated", "simulated replicas start with the gateway; restart to change")
+            )
+    started_hosted = {h.name: h.simulated for h in old.hosted_models}
+    for index, hosted in enumerate(new.hosted_models):
+        if hosted.simulated is not None and started_hosted.get(hosted.name) != hosted.simulated:
+            problems.append(
+                (f"hosted_models.{index}.simulated", "simulated models start with the gateway; restart to change")
+            )
+    return problems
