@@ -18,6 +18,7 @@ from gateway.admin import admin_router
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
 from gateway.exchange import Receive, Scope, Send
+from gateway.openapi import install_openapi
 from gateway.proxy import CompletionsHandler
 from gateway.state import GatewayState
 
@@ -141,4 +142,5 @@ def build_control_app(state: GatewayState) -> FastAPI:
 
     app.include_router(admin_router(state))
     app.include_router(dashboard_router(state))
+    install_openapi(app)
     return app
