@@ -179,3 +179,14 @@ def running_requests(replica: RunningProcess) -> int:
         if line.startswith("sglang:num_running_reqs"):
             return int(float(line.rsplit(" ", 1)[1]))
     raise AssertionError("sglang:num_running_reqs missing from the replica's /metrics")
+
+
+def test_clients_cannot_set_internal_headers(gateway: RunningProcess) -> None:
+    forged = {"x-spillgate-backend": "pool-2", "x-spillgate-reason": "overflow", "x-spillgate-tenant": "tenant-a"}
+    as_b = {"authorization": f"Bearer {OTHER_KEY}", **forged}
+    response = post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2}, headers=as_b)
+    assert response.status_code == 403, "the key decides the tenant, not a header"
+    response = post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2}, headers={**AUTH, **forged})
+    assert response.status_code == 200
+    assert response.headers["x-spillgate-reason"] == "least_load"
+    assert len(response.headers.get_list("x-spillgate-backend")) == 1
