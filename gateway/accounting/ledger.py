@@ -1,0 +1,208 @@
+"""The durable ledger: every finished request, in a local SQLite file, and the outbox towards Redis.
+
+Why SQLite (WAL, ``synchronous=FULL``) rather than an fsync'd JSONL file: a batch commits atomically (no
+torn last line after a crash), the outbox is a flag and a partial index instead of a second file and a
+cursor, the restart totals are one ``GROUP BY`` instead of a full re-read, and old entries are pruned in
+place. It is in the standard library.
+
+Writes never block the event loop: :meth:`Ledger.append` only queues; a background task commits what has
+queued in one transaction on a worker thread (batches grow by themselves under load). :meth:`flush` and
+:meth:`stop` commit everything queued before they return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .records import ENTRY_FIELDS, LedgerEntry
+
+log = logging.getLogger("spillgate.accounting")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    entry_id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL,
+    time REAL NOT NULL,
+    tenant TEXT NOT NULL,
+    route TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_usd REAL NOT NULL,
+    hosted_equivalent_usd REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    hold_id TEXT NOT NULL DEFAULT '',
+    shipped INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entries_by_time ON entries (time);
+CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
+"""
+_COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
+_INSERT = (
+    f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}, hold_id, shipped) "
+    f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})"
+)
+_RETRY_S = 1.0
+
+GroupRow = tuple[str, str, str, str, int, int, int, int, float, float]
+"""tenant, day (YYYYMMDD), kind, backend, requests, prompt, cached, completion, cost_usd, equivalent_usd"""
+MinuteRow = tuple[str, int, str, int, float]
+"""tenant, minute (epoch // 60), kind, requests, cost_usd"""
+
+
+class Ledger:
+    def __init__(self, path: str | Path, *, retain_days: float = 62) -> None:
+        self.path = Path(path)
+        self.retain_s = retain_days * 86_400
+        self.backlog = 0
+        """Entries not yet in Redis, queued or stored (meaningful only with Redis)."""
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()
+        self._queue: list[tuple[LedgerEntry, bool, str]] = []
+        self._flushing = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # Life cycle ------------------------------------------------------------------------------------
+
+    async def start(self, now: float) -> None:
+        await asyncio.to_thread(self._open, now)
+        self._task = asyncio.create_task(self._write_forever(), name="spillgate-ledger-writer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _open(self, now: float) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(_SCHEMA)
+        db.execute("DELETE FROM entries WHERE time < ?", (now - self.retain_s,))
+        (stored,) = db.execute("SELECT COUNT(*) FROM entries WHERE shipped = 0").fetchone()
+        with self._db_lock:
+            self._db = db
+        self.backlog = stored + sum(1 for _, shipped, _ in self._queue if not shipped)
+
+    # Writing -----------------------------------------------------------------------------------------
+
+    def append(self, entry: LedgerEntry, *, shipped: bool, hold_id: str = "") -> None:
+        """Queue ``entry``; ``shipped`` when Redis already counted it, else ``hold_id`` is the Redis hold
+        its replay must drop. Never waits."""
+        self._queue.append((entry, shipped, hold_id))
+        if not shipped:
+            self.backlog += 1
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Commit everything queued so far (fsync'd) before returning."""
+        async with self._flushing:
+            batch, self._queue = self._queue, []
+            if not batch:
+                return
+            try:
+                await asyncio.to_thread(self._insert, batch)
+            except BaseException:
+                self._queue = batch + self._queue  # INSERT OR IGNORE makes a second try harmless
+                raise
+
+    async def _write_forever(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.flush()
+            except (sqlite3.Error, OSError) as exc:
+                log.error("ledger %s: write failed (%s); retrying", self.path, exc)
+                await asyncio.sleep(_RETRY_S)
+                self._wake.set()
+
+    def _insert(self, batch: Sequence[tuple[LedgerEntry, bool, str]]) -> None:
+        rows = [(*(getattr(entry, f) for f in _COLUMNS), hold_id, int(shipped)) for entry, shipped, hold_id in batch]
+        with self._db_lock:
+            db = self._connection()
+            with _transaction(db):
+                db.executemany(_INSERT, rows)
+
+    # The outbox --------------------------------------------------------------------------------------
+
+    async def unshipped(self, limit: int) -> list[tuple[LedgerEntry, str]]:
+        """The oldest entries Redis has not counted, with the hold each must drop."""
+        return await asyncio.to_thread(self._unshipped, limit)
+
+    def _unshipped(self, limit: int) -> list[tuple[LedgerEntry, str]]:
+        query = f"SELECT {', '.join(_COLUMNS)}, hold_id FROM entries WHERE shipped = 0 ORDER BY time LIMIT ?"
+        with self._db_lock:
+            rows = self._connection().execute(query, (limit,)).fetchall()
+        return [(LedgerEntry(**dict(zip(_COLUMNS, row[:-1], strict=True))), row[-1]) for row in rows]
+
+    async def mark_shipped(self, entry_ids: Sequence[str]) -> None:
+        shipped = await asyncio.to_thread(self._mark_shipped, entry_ids)
+        self.backlog = max(0, self.backlog - shipped)
+
+    def _mark_shipped(self, entry_ids: Sequence[str]) -> int:
+        with self._db_lock:
+            db = self._connection()
+            before = db.total_changes
+            with _transaction(db):
+                db.executemany(
+                    "UPDATE entries SET shipped = 1, hold_id = '' WHERE entry_id = ? AND shipped = 0",
+                    [(i,) for i in entry_ids],
+                )
+            return db.total_changes - before
+
+    # Totals for a restart -----------------------------------------------------------------------------
+
+    async def groups(self, since: float) -> list[GroupRow]:
+        """Sums per tenant, UTC day, kind and backend of the entries since ``since``."""
+        query = """
+            SELECT tenant, strftime('%Y%m%d', time, 'unixepoch') AS day, kind, backend, COUNT(*),
+                   SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens),
+                   SUM(cost_usd), SUM(hosted_equivalent_usd)
+            FROM entries WHERE time >= ? GROUP BY tenant, day, kind, backend"""
+        return await asyncio.to_thread(self._query, query, (since,))
+
+    async def minutes(self, since: float) -> list[MinuteRow]:
+        query = """
+            SELECT tenant, CAST(time / 60 AS INTEGER) AS minute, kind, COUNT(*), SUM(cost_usd)
+            FROM entries WHERE time >= ? GROUP BY tenant, minute, kind"""
+        return await asyncio.to_thread(self._query, query, (since,))
+
+    def _query(self, query: str, params: tuple[object, ...]) -> list[Any]:
+        with self._db_lock:
+            return self._connection().execute(query, params).fetchall()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError(f"ledger {self.path} is not open: call start() first")
+        return self._db
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")

@@ -1,0 +1,329 @@
+"""Quota shared by every gateway process through Redis, with this process's counters as the fallback.
+
+Check-and-reserve is one Lua script (EVALSHA), so concurrent reservations from any number of processes
+never admit past a budget; settling is a second script that drops the hold and counts the ledger entry
+in the rollups once (its id is the idempotency key). Budgets compare the rollups (settled spend, exactly
+what ``/v1/spend`` shows) plus open holds, so replaying entries booked during an outage reconciles them.
+
+While Redis is unreachable (:attr:`RedisQuota.down`), the hot path stops calling it: reservations go to
+the :class:`~.quota.LocalQuota`, whose baseline is the last shared totals this process saw plus its own
+spend since (``fail_open=True``), or requests of tenants with a budget are refused (``fail_open=False``;
+rate limits are still enforced locally). The :class:`~.shipper.Shipper` probes Redis, replays the
+outbox, and only then clears :attr:`down`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from . import scripts
+from .limits import (
+    QuotaExceeded,
+    TenantLimits,
+    budget_refusal,
+    day_start,
+    day_tag,
+    month_tag,
+    rate_refusal,
+    to_nano,
+    worst_refusal,
+)
+from .quota import LocalQuota
+from .records import LedgerEntry, Reservation, new_id
+from .redis_keys import RedisKeys
+
+log = logging.getLogger("spillgate.accounting")
+
+OUTAGE_ERRORS = (RedisError, OSError)
+_RETRY_S = 1.0
+_LIMIT_NAMES = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "usd_per_day",
+    "usd_per_month",
+    "hosted_usd_per_day",
+    "hosted_usd_per_month",
+)
+_MODE_DROP, _MODE_SETTLE, _MODE_RELEASE = 0, 1, 2
+
+
+def make_client(url: str, *, timeout_s: float = 0.5, max_connections: int = 64) -> aioredis.Redis:
+    """A client for the hot path: short timeouts and no retries, so an outage costs one failed call,
+    after which the quota stops calling Redis until the shipper sees it back. Its pool makes a burst of
+    reservations wait for a connection (up to ``4 * timeout_s``) instead of failing as if Redis were down."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=4 * timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+def _micros(now: float) -> int:
+    return int(now * 1_000_000)
+
+
+def _limit(value: float | int | None, *, money: bool = False) -> int:
+    if value is None:
+        return -1
+    return to_nano(value) if money else int(value)
+
+
+class RedisQuota:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        local: LocalQuota | None = None,
+        *,
+        key_prefix: str = "spillgate",
+        fail_open: bool = True,
+        hold_ttl_s: float = 3600.0,
+        series_ttl_s: int = 2 * 86_400,
+        ids_ttl_s: int = 8 * 86_400,
+        stream_maxlen: int = 100_000,
+    ) -> None:
+        self.client = client
+        self.local = local or LocalQuota()
+        self.keys = RedisKeys(key_prefix)
+        self.fail_open = fail_open
+        self.hold_ttl_s = hold_ttl_s
+        self._ttls = (40 * 86_400, 400 * 86_400, series_ttl_s, ids_ttl_s, stream_maxlen)
+        self._reserve = client.register_script(scripts.RESERVE)
+        self._record = client.register_script(scripts.RECORD)
+        self._known_tenants: set[str] = set()
+        self.down = False
+        self.pending_releases: list[Reservation] = []
+        """Redis-held reservations released during an outage, without an entry to carry them."""
+
+    @property
+    def degraded(self) -> bool:
+        return self.down
+
+    def lost(self, exc: BaseException) -> None:
+        if not self.down:
+            log.warning("Redis unreachable (%s): quotas fall back to this process's counters", exc)
+        self.down = True
+
+    def restored(self) -> None:
+        if self.down:
+            log.info("Redis is back: quotas are shared again")
+        self.down = False
+        self._known_tenants.clear()  # Redis may have come back empty
+
+    # Reserve -----------------------------------------------------------------------------------------
+
+    async def reserve(
+        self, tenant: str, limits: TenantLimits, *, tokens: int, worst_case_usd: float, hosted: bool, now: float
+    ) -> Reservation:
+        if limits.unlimited or self.down:
+            return self._reserve_locally(tenant, limits, tokens, worst_case_usd, hosted, now)
+        hold_id, day, month = new_id(), day_tag(now), month_tag(now)
+        keys = self.keys
+        try:
+            reply = await self._reserve(
+                keys=[
+                    keys.day(tenant, day),
+                    keys.month(tenant, month),
+                    keys.rate(tenant),
+                    keys.holds(tenant),
+                    keys.hold_expiry(tenant),
+                ],
+                args=[
+                    keys.base(tenant),
+                    _micros(now),
+                    hold_id,
+                    tokens,
+                    to_nano(worst_case_usd),
+                    int(hosted),
+                    _limit(limits.requests_per_minute),
+                    _limit(limits.tokens_per_minute),
+                    _limit(limits.usd_per_day, money=True),
+                    _limit(limits.usd_per_month, money=True),
+                    _limit(limits.hosted_usd_per_day, money=True),
+                    _limit(limits.hosted_usd_per_month, money=True),
+                    _micros(now + self.hold_ttl_s),
+                    day,
+                    month,
+                    self._ttls[0],
+                    self._ttls[1],
+                ],
+            )
+        except OUTAGE_ERRORS as exc:
+            self.lost(exc)
+            return self._reserve_locally(tenant, limits, tokens, worst_case_usd, hosted, now)
+        if reply[0] == 0:
+            raise self._refusal(reply[1:], limits, tokens, worst_case_usd, now)
+        self.local.adopt(tenant, "d" + day, int(reply[1]), int(reply[3]))
+        self.local.adopt(tenant, "m" + month, int(reply[2]), int(reply[4]))
+        self.local.adopt_rates(tenant, float(reply[5] or 0) / 1e6, float(reply[6] or 0) / 1e6)
+        return Reservation(
+            id=hold_id,
+            tenant=tenant,
+            tokens=tokens,
+            worst_case_usd=worst_case_usd,
+            hosted=hosted,
+            at=now,
+            day=day,
+            month=month,
+            requests_per_minute=limits.requests_per_minute,
+            tokens_per_minute=limits.tokens_per_minute,
+            shared=True,
+        )
+
+    def _reserve_locally(
+        self, tenant: str, limits: TenantLimits, tokens: int, worst_case_usd: float, hosted: bool, now: float
+    ) -> Reservation:
+        if self.down and not self.fail_open and limits.has_budget:
+            raise QuotaExceeded(
+                "accounting_unavailable",
+                "Spend accounting is unavailable, so requests under a budget are refused until it returns.",
+                _RETRY_S,
+            )
+        return self.local.reserve_now(
+            tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now
+        )
+
+    @staticmethod
+    def _refusal(
+        verdicts: Sequence[int], limits: TenantLimits, tokens: int, worst_case_usd: float, now: float
+    ) -> QuotaExceeded:
+        refusals = []
+        for name, verdict in zip(_LIMIT_NAMES, verdicts, strict=True):
+            if verdict == -2:
+                continue
+            if name.endswith("per_minute"):
+                cost = 1 if name == "requests_per_minute" else tokens
+                refusals.append(rate_refusal(name, limits, cost, None if verdict == -1 else verdict / 1e6))
+            else:
+                refusals.append(budget_refusal(name, limits, worst_case_usd, now))
+        return worst_refusal(refusals)
+
+    # Settle and release --------------------------------------------------------------------------------
+
+    async def settle(self, reservation: Reservation, entry: LedgerEntry) -> bool:
+        if not reservation.shared:
+            await self.local.settle(reservation, entry)
+            return await self._try_record(reservation.tenant, entry)
+        if not self.down:
+            try:
+                await self.run_record(reservation.tenant, entry, reservation.id, _MODE_SETTLE, entry.time)
+                return True
+            except OUTAGE_ERRORS as exc:
+                self.lost(exc)
+        self.local.unhold_shared(reservation)
+        self.local.add_spend(entry)
+        return False
+
+    async def release(self, reservation: Reservation, entry: LedgerEntry | None, now: float) -> bool:
+        if not reservation.shared:
+            await self.local.release(reservation, entry, now)
+            return entry is not None and await self._try_record(reservation.tenant, entry)
+        if not self.down:
+            try:
+                await self.run_record(reservation.tenant, entry, reservation.id, _MODE_RELEASE, now)
+                return True
+            except OUTAGE_ERRORS as exc:
+                self.lost(exc)
+        self.local.unhold_shared(reservation)
+        if entry is not None:
+            self.local.add_spend(entry)  # its outbox row carries the hold id and drops it on replay
+        else:
+            self.pending_releases.append(reservation)
+        return False
+
+    async def count(self, entry: LedgerEntry) -> bool:
+        """An entry without a reservation: counted in Redis now, or locally and replayed later."""
+        if await self._try_record(entry.tenant, entry):
+            return True
+        self.local.add_spend(entry)
+        return False
+
+    async def _try_record(self, tenant: str, entry: LedgerEntry) -> bool:
+        if self.down:
+            return False
+        try:
+            await self.run_record(tenant, entry, "", _MODE_DROP, entry.time)
+        except OUTAGE_ERRORS as exc:
+            self.lost(exc)
+            return False
+        return True
+
+    async def run_record(
+        self,
+        tenant: str,
+        entry: LedgerEntry | None,
+        hold_id: str,
+        mode: int,
+        now: float,
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        """Drop ``hold_id`` (if any) and count ``entry`` (if any) once, atomically."""
+        at = entry.time if entry else now
+        day, keys = day_tag(at), self.keys
+        day_ttl, month_ttl, series_ttl, ids_ttl, maxlen = self._ttls
+        args: list[str | int | bytes] = [keys.base(tenant), _micros(now), hold_id, mode, entry.tokens if entry else 0]
+        if entry is None:
+            args += ["", "", "", 0, 0, 0, 0, 0, 0, b""]
+        else:
+            args += [
+                entry.entry_id,
+                entry.kind,
+                entry.backend,
+                to_nano(entry.cost_usd),
+                to_nano(entry.hosted_equivalent_usd),
+                entry.prompt_tokens,
+                entry.cached_tokens,
+                entry.completion_tokens,
+                int((at - day_start(at)) // 60),
+                orjson.dumps(entry.to_dict()),
+            ]
+        await self._record(
+            keys=[
+                keys.day(tenant, day),
+                keys.month(tenant, month_tag(at)),
+                keys.rate(tenant),
+                keys.holds(tenant),
+                keys.hold_expiry(tenant),
+                keys.series(tenant, day),
+                keys.ids(tenant, day),
+                keys.stream(tenant),
+            ],
+            args=[*args, day_ttl, month_ttl, series_ttl, ids_ttl, maxlen],
+            client=client,
+        )
+        if entry is not None and tenant not in self._known_tenants and client is None:
+            await self.client.sadd(keys.tenants, tenant)
+            self._known_tenants.add(tenant)
+
+    # Replay (called by the shipper) --------------------------------------------------------------------
+
+    async def replay(self, rows: Sequence[tuple[LedgerEntry, str]], now: float) -> None:
+        """Count entries booked while Redis was away (and drop the holds they settle), in one pipeline."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for entry, hold_id in rows:
+                await self.run_record(entry.tenant, entry, hold_id, _MODE_DROP, now, client=pipe)
+            pipe.sadd(self.keys.tenants, *{entry.tenant for entry, _ in rows})
+            await pipe.execute()
+
+    async def replay_releases(self, now: float) -> None:
+        while self.pending_releases:
+            reservation = self.pending_releases[0]
+            await self.run_record(reservation.tenant, None, reservation.id, _MODE_DROP, now)
+            self.pending_releases.pop(0)
+
+    async def probe(self) -> bool:
+        try:
+            await self.client.ping()
+        except OUTAGE_ERRORS:
+            return False
+        return True

@@ -1,0 +1,71 @@
+"""The two records accounting passes around: a reservation (before) and a ledger entry (after)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+BackendKind = Literal["replica", "hosted"]
+
+
+def new_id() -> str:
+    """A random id, unique without coordination: reservation and ledger ids are never client-supplied."""
+    return os.urandom(12).hex()
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What :meth:`reserve` held for one request, until :meth:`settle` or :meth:`release` replaces it.
+
+    The windows (``day``, ``month``) and the limits the rate charge was made under travel with it, so a
+    request that crosses midnight gives back exactly what it took."""
+
+    id: str
+    tenant: str
+    tokens: int
+    worst_case_usd: float
+    hosted: bool
+    at: float
+    day: str
+    month: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    shared: bool
+    """Held in Redis (True) or in this process's counters (False: embedded mode, or during an outage)."""
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One finished request, as the durable ledger keeps it.
+
+    ``entry_id`` is the idempotency key (the reservation's id when settled through one; leave it empty);
+    ``request_id`` is the client-visible ``x-request-id`` and may repeat."""
+
+    request_id: str
+    time: float
+    tenant: str
+    route: str
+    backend: str
+    kind: BackendKind
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    hosted_equivalent_usd: float = 0.0
+    outcome: str = "ok"
+    entry_id: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def with_id(self, entry_id: str) -> LedgerEntry:
+        return self if self.entry_id else dataclasses.replace(self, entry_id=entry_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))

@@ -1,0 +1,160 @@
+"""The Lua scripts that make check-and-reserve and settle atomic in Redis.
+
+Both scripts take the tenant's keys with KEYS[3..5] = rate, holds, hold-expiry in the same places, and
+share a prelude: GCRA refunds (the Lua twin of :mod:`.gcra`, in microseconds) and dropping a hold. Numbers
+are formatted explicitly: Lua's default ``%.14g`` would turn epoch microseconds into exponent notation.
+A lapsed hold (its process died before settling) is purged on the tenant's next script run.
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+local base = ARGV[1]
+local now = tonumber(ARGV[2])
+local WINDOW = 60000000
+local function int(x) return string.format('%.0f', x) end
+local function num(key, field) return tonumber(redis.call('HGET', key, field)) or 0 end
+
+local function touch_rate()
+  local last = math.max(num(KEYS[3], 'rpm'), num(KEYS[3], 'tpm'))
+  if last > 0 then redis.call('PEXPIRE', KEYS[3], int(math.max(0, last - now) / 1000 + 1000)) end
+end
+
+local function refund(field, limit, amount)
+  if limit <= 0 or amount == 0 then return end
+  local tat = num(KEYS[3], field)
+  local t
+  if amount < 0 then t = math.max(tat, now) - amount * WINDOW / limit
+  else t = math.max(tat - amount * WINDOW / limit, now) end
+  redis.call('HSET', KEYS[3], field, string.format('%.17g', t))
+end
+
+-- mode 0: drop only (replay, lapse); 1: settle, refund reserved tokens down to `actual`; 2: release all
+local function drop_hold(id, mode, actual)
+  local rec = redis.call('HGET', KEYS[4], id)
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+  if not rec then return end
+  local day, month, usd, hosted, tokens, rpm, tpm =
+    string.match(rec, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(-?%d+)|(-?%d+)$')
+  for _, key in ipairs({base .. ':d:' .. day, base .. ':m:' .. month}) do
+    if redis.call('EXISTS', key) == 1 then
+      if usd ~= '0' then redis.call('HINCRBY', key, 'held', '-' .. usd) end
+      if hosted ~= '0' then redis.call('HINCRBY', key, 'hosted_held', '-' .. hosted) end
+    end
+  end
+  if mode == 1 then
+    refund('tpm', tonumber(tpm), tonumber(tokens) - actual)
+  elseif mode == 2 then
+    refund('rpm', tonumber(rpm), 1)
+    refund('tpm', tonumber(tpm), tonumber(tokens))
+  end
+end
+
+local function purge_lapsed()
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[2], 'LIMIT', 0, 100)) do
+    drop_hold(id, 0, 0)
+  end
+end
+"""
+
+RESERVE = (
+    _PRELUDE
+    + """
+-- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry
+-- ARGV: 1 base, 2 now_us, 3 hold id, 4 tokens, 5 usd_nano, 6 hosted (0/1), 7 rpm, 8 tpm, 9 usd/day,
+--       10 usd/month, 11 hosted usd/day, 12 hosted usd/month (limits: -1 = none), 13 hold lapses at (us),
+--       14 day tag, 15 month tag, 16 day ttl s, 17 month ttl s
+-- Returns {1, day, month, hosted day, hosted month committed (nano), rpm tat, tpm tat}
+--      or {0, rpm, tpm, usd/day, usd/month, hosted/day, hosted/month}: -2 fine, -1 never, 0 refused,
+--         > 0 microseconds until a rate limit admits the request.
+purge_lapsed()
+local tokens, usd, hosted = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+local function committed(key, spent, held) return num(key, spent) + num(key, held) end
+local day_total = committed(KEYS[1], 't.usd', 'held')
+local month_total = committed(KEYS[2], 't.usd', 'held')
+local day_hosted = committed(KEYS[1], 'k:hosted.usd', 'hosted_held')
+local month_hosted = committed(KEYS[2], 'k:hosted.usd', 'hosted_held')
+
+local function rate(field, limit, cost)
+  if limit < 0 then return -2, nil end
+  if cost > limit then return -1, nil end
+  local new_tat = math.max(num(KEYS[3], field), now) + cost * WINDOW / limit
+  local wait = new_tat - WINDOW - now
+  if wait > 1 then return math.ceil(wait), nil end
+  return -2, new_tat
+end
+local function budget(limit, spent, applies)
+  if limit < 0 or not applies then return -2 end
+  if usd > limit then return -1 end
+  if spent + usd > limit then return 0 end
+  return -2
+end
+
+local rpm, tpm = tonumber(ARGV[7]), tonumber(ARGV[8])
+local rpm_verdict, rpm_tat = rate('rpm', rpm, 1)
+local tpm_verdict, tpm_tat = rate('tpm', tpm, tokens)
+local verdicts = {
+  rpm_verdict, tpm_verdict,
+  budget(tonumber(ARGV[9]), day_total, true), budget(tonumber(ARGV[10]), month_total, true),
+  budget(tonumber(ARGV[11]), day_hosted, hosted), budget(tonumber(ARGV[12]), month_hosted, hosted),
+}
+for _, v in ipairs(verdicts) do
+  if v ~= -2 then return {0, unpack(verdicts)} end
+end
+
+if rpm_tat then redis.call('HSET', KEYS[3], 'rpm', string.format('%.17g', rpm_tat)) end
+if tpm_tat then redis.call('HSET', KEYS[3], 'tpm', string.format('%.17g', tpm_tat)) end
+touch_rate()
+local hosted_usd = hosted and usd or 0
+for i, key in ipairs({KEYS[1], KEYS[2]}) do
+  redis.call('HINCRBY', key, 'held', ARGV[5])
+  if hosted then redis.call('HINCRBY', key, 'hosted_held', ARGV[5]) end
+  redis.call('EXPIRE', key, ARGV[15 + i])
+end
+local record = table.concat({ARGV[14], ARGV[15], ARGV[5], int(hosted_usd), ARGV[4], ARGV[7], ARGV[8]}, '|')
+redis.call('HSET', KEYS[4], ARGV[3], record)
+redis.call('ZADD', KEYS[5], ARGV[13], ARGV[3])
+redis.call('EXPIRE', KEYS[4], ARGV[16])  -- an idle tenant's holds go with the day rollups they count in
+redis.call('EXPIRE', KEYS[5], ARGV[16])
+local rates = redis.call('HMGET', KEYS[3], 'rpm', 'tpm')
+return {1, int(day_total + usd), int(month_total + usd), int(day_hosted + hosted_usd),
+        int(month_hosted + hosted_usd), rates[1] or '', rates[2] or ''}
+"""
+)
+
+RECORD = (
+    _PRELUDE
+    + """
+-- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry (of the entry's tenant and time),
+--       6 series, 7 ids, 8 stream
+-- ARGV: 1 base, 2 now_us, 3 hold id ('' none), 4 hold mode, 5 actual tokens, 6 entry id ('' none),
+--       7 kind, 8 backend, 9 usd_nano, 10 equiv_nano, 11 prompt, 12 cached, 13 completion,
+--       14 minute of day, 15 entry (JSON), 16 day ttl, 17 month ttl, 18 series ttl, 19 ids ttl, 20 stream maxlen
+-- Returns 1 when the entry was counted, 0 when it already had been (a replay).
+purge_lapsed()
+if ARGV[3] ~= '' then drop_hold(ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])) end
+touch_rate()
+local id = ARGV[6]
+if id == '' then return 1 end
+if redis.call('SADD', KEYS[7], id) == 0 then return 0 end
+redis.call('EXPIRE', KEYS[7], ARGV[19])
+local kind = ARGV[7]
+local sums = {{'usd', ARGV[9]}, {'equiv', ARGV[10]}, {'n', '1'}, {'prompt', ARGV[11]}, {'cached', ARGV[12]},
+              {'completion', ARGV[13]}}
+for i, key in ipairs({KEYS[1], KEYS[2]}) do
+  for _, scope in ipairs({'t', 'k:' .. kind, 'b:' .. ARGV[8]}) do
+    for _, sum in ipairs(sums) do
+      if sum[2] ~= '0' then redis.call('HINCRBY', key, scope .. '.' .. sum[1], sum[2]) end
+    end
+  end
+  redis.call('EXPIRE', key, ARGV[15 + i])
+end
+local bucket = ARGV[14] .. ':' .. kind
+redis.call('HINCRBY', KEYS[6], bucket .. '.usd', ARGV[9])
+redis.call('HINCRBY', KEYS[6], bucket .. '.n', 1)
+redis.call('EXPIRE', KEYS[6], ARGV[18])
+redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[20], '*', 'id', id, 'entry', ARGV[15])
+return 1
+"""
+)

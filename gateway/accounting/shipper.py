@@ -1,0 +1,70 @@
+"""Gets the ledger's outbox into Redis: entries booked while Redis was away, replayed exactly once.
+
+It probes Redis while the quota believes it down, and on an answer replays every unshipped entry (the
+Lua record script skips ids Redis has already counted) before telling the quota Redis is back, so shared
+budgets include the outage's spend by the time they are enforced again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from .ledger import Ledger
+from .quota_redis import OUTAGE_ERRORS, RedisQuota
+
+log = logging.getLogger("spillgate.accounting")
+
+
+class Shipper:
+    def __init__(self, quota: RedisQuota, ledger: Ledger, *, interval_s: float = 0.5, batch: int = 500) -> None:
+        self.quota = quota
+        self.ledger = ledger
+        self.interval_s = interval_s
+        self.batch = batch
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.quota.down and self.ledger.backlog == 0 and not self.quota.pending_releases
+
+    async def start(self) -> None:
+        await self.run_once()
+        self._task = asyncio.create_task(self._run_forever(), name="spillgate-ledger-shipper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.run_once()  # a last try; what does not make it stays in the file for the next start
+
+    async def run_once(self) -> bool:
+        """One pass; True when Redis has every entry and the quota is shared again."""
+        if self.idle:
+            return True
+        if self.quota.down and not await self.quota.probe():
+            return False
+        try:
+            await self.ledger.flush()
+            while rows := await self.ledger.unshipped(self.batch):
+                await self.quota.replay(rows, time.time())
+                await self.ledger.mark_shipped([entry.entry_id for entry, _ in rows])
+                log.info("replayed %d ledger entries to Redis", len(rows))
+            await self.quota.replay_releases(time.time())
+        except OUTAGE_ERRORS as exc:
+            self.quota.lost(exc)
+            return False
+        self.quota.restored()
+        return True
+
+    async def _run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.run_once()
+            except Exception:  # the file may be failing; never let the shipper die
+                log.exception("ledger shipper pass failed")
