@@ -48,6 +48,12 @@ class GatewayApp:
             await _send_internal_error(send)
 
 
+def _degraded(state: GatewayState) -> dict[str, bool]:
+    """Which shared-state parts are running on this process's own view because Redis is away or behind."""
+    shared = state.prefix.shared
+    return {"accounting": state.accountant.degraded, "prefix_index": shared is not None and not shared.connected}
+
+
 async def _send_internal_error(send: Send) -> None:
     body = error_body(500, "The gateway hit an internal error; it has been logged.", code="internal_error")
     try:
@@ -104,10 +110,13 @@ def build_control_app(state: GatewayState) -> FastAPI:
         }
         health: dict[str, object] = {"status": "ok", "backends": backends}
         if state.prefix.shared is not None:
-            connected = state.prefix.shared.connected
-            health["redis"] = "connected" if connected else "unreachable"
-            if not connected:
+            degraded = _degraded(state)
+            health["redis"] = "unreachable" if degraded["prefix_index"] else "connected"
+            health["accounting"] = "degraded" if degraded["accounting"] else "ok"
+            if any(degraded.values()):
                 health["status"] = "degraded"
+        if state.live is not None:
+            health["config_version"] = state.live.current.version
         return health
 
     @app.get("/ready")
@@ -131,6 +140,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        for component, degraded in _degraded(state).items():
+            state.metrics.degraded.labels(component).set(1.0 if degraded else 0.0)
         for backend in state.registry:
             state.metrics.backend_healthy.labels(backend.name).set(1.0 if backend.healthy else 0.0)
             state.metrics.in_flight.labels(backend.name).set(backend.in_flight)

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.hosted import Price
+from backends.registry import Backend
 from gateway.errors import ApiError
 from gateway.prefix import Fingerprint
 from gateway.tenants import Tenant
@@ -37,11 +39,18 @@ class Attempt:
     request_id: str
     started: float
     route: str = "-"
+    reference_price: Price | None = None
+    """The route's hosted price: what the request would have cost there."""
     tenant: Tenant | None = None
     backend: str = "-"
     reason: str = "-"
     outcome: str = "error"
     cost_usd: float | None = None
+    hosted_equivalent_usd: float = 0.0
+    worst_case_usd: float = 0.0
+    """What was reserved against the tenant's budgets."""
+    served_by: Backend | None = None
+    """The backend last tried (its object, which outlives a config change that removes its name)."""
     first_token_at: float = 0.0
     usage: dict[str, Any] | None = None
     fingerprint: Fingerprint | None = None

@@ -82,6 +82,13 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self.degraded = Gauge(
+            "spillgate_degraded",
+            "1 while shared state in Redis is unreachable or behind: component=accounting (limits enforced per "
+            "process, ledger entries waiting in the local file) or prefix_index (routing on the local index).",
+            ("component",),
+            registry=self.registry,
+        )
         self.queued = Gauge(
             "spillgate_backend_queued_requests",
             "Requests waiting in the replica's queue, as last scraped from its /metrics.",

@@ -17,6 +17,7 @@ import orjson
 
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
+from gateway.accounting import LedgerEntry, QuotaExceeded, Reservation
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
     JSON_HEADERS,
@@ -86,13 +87,18 @@ class CompletionsHandler:
             return
         try:
             body = await read_body(scope, receive, self._state.config.limits.max_body_bytes)
-            parsed, decision = self._admit(scope, body, attempt)
+            parsed, request, route, targets = self._admit(scope, body, attempt)
+            decision = self._decide(request, route, targets, attempt)
+            decision, reservation = await self._reserve(parsed, request, route, targets, decision, attempt)
         except ApiError as error:
             await send_error(send, attempt, error)
             return
-        await self._forward(parsed, decision, attempt, receive, send)
+        await self._forward(parsed, decision, attempt, reservation, receive, send)
 
-    def _admit(self, scope: Scope, body: bytes, attempt: Attempt) -> tuple[ParsedRequest, Decision]:
+    def _admit(
+        self, scope: Scope, body: bytes, attempt: Attempt
+    ) -> tuple[ParsedRequest, RouteRequest, Route, tuple[str, ...]]:
+        """Who is asking, for what, and may they: everything checked before a backend is chosen."""
         state = self._state
         tenant = state.tenants.authenticate(header(scope, b"authorization"))
         parsed = self._parse(body, state.config.limits)
@@ -104,6 +110,7 @@ class CompletionsHandler:
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
         attempt.route = route.name
+        attempt.reference_price = route.reference_price
         attempt.tenant = tenant
         attempt.stream = parsed.stream
         targets = route.targets_for(tenant.name)
@@ -124,8 +131,12 @@ class CompletionsHandler:
             spilling=route.spilling,
             chat=self._chat,
         )
+        return parsed, request, route, targets
+
+    def _decide(self, request: RouteRequest, route: Route, targets: tuple[str, ...], attempt: Attempt) -> Decision:
+        registry = self._state.registry
         try:
-            decision = route.policy.decide(request, state.registry.snapshot(targets, attempt.prefix_tokens))
+            decision = route.policy.decide(request, registry.snapshot(targets, attempt.prefix_tokens))
         except NoCandidate as exc:
             raise ApiError(
                 503,
@@ -140,8 +151,55 @@ class CompletionsHandler:
                 code="over_capacity",
                 headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))},
             ) from None
-        route.remember(decision, state.registry[decision.backend].kind)
-        return parsed, decision
+        route.remember(decision, registry[decision.backend].kind)
+        return decision
+
+    async def _reserve(
+        self,
+        parsed: ParsedRequest,
+        request: RouteRequest,
+        route: Route,
+        targets: tuple[str, ...],
+        decision: Decision,
+        attempt: Attempt,
+    ) -> tuple[Decision, Reservation | None]:
+        """Hold the request's worst case against the tenant's limits before anything is sent. Past a hosted
+        budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429."""
+        tenant = attempt.tenant
+        if tenant is None or tenant.limits.unlimited:
+            return decision, None
+        if not parsed.max_tokens:
+            # The worst case must be bounded to be reserved: cap the output at the gateway's limit.
+            parsed.payload["max_tokens"] = self._state.config.limits.max_tokens
+        try:
+            return decision, await self._hold(parsed, decision, attempt)
+        except QuotaExceeded as refused:
+            hosted_cap = refused.limit.startswith("hosted_") and tenant.hosted_over_budget == "self_hosted"
+            if not hosted_cap:
+                raise _quota_error(refused) from None
+            try:
+                decision = self._decide(request._replace(hosted_allowed=False), route, targets, attempt)
+                return decision, await self._hold(parsed, decision, attempt)
+            except ApiError:
+                raise _quota_error(refused) from None
+            except QuotaExceeded as again:
+                raise _quota_error(again) from None
+
+    async def _hold(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt) -> Reservation:
+        assert attempt.tenant is not None
+        registry = self._state.registry
+        candidates = [registry[name] for name in decision.ranked[:_MAX_ATTEMPTS]]
+        output = parsed.max_tokens or self._state.config.limits.max_tokens
+        attempt.worst_case_usd = max(
+            (parsed.prompt_tokens * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6 for b in candidates
+        )
+        return await self._state.accountant.reserve(
+            attempt.tenant.name,
+            attempt.tenant.limits,
+            tokens=parsed.prompt_tokens + output,
+            worst_case_usd=attempt.worst_case_usd,
+            hosted=any(b.kind == "hosted" for b in candidates),
+        )
 
     def _required_tier(self, parsed: ParsedRequest, route: Route) -> int:
         """The tier a prompt needs: the route's top tier when the classifier scores it complex."""
@@ -165,7 +223,13 @@ class CompletionsHandler:
         }
 
     async def _forward(
-        self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, receive: Receive, send: Send
+        self,
+        parsed: ParsedRequest,
+        decision: Decision,
+        attempt: Attempt,
+        reservation: Reservation | None,
+        receive: Receive,
+        send: Send,
     ) -> None:
         watcher = DisconnectWatcher(receive)
         try:
@@ -177,6 +241,42 @@ class CompletionsHandler:
         finally:
             watcher.stop()
             self._record(attempt)
+            self._book_ledger(parsed, attempt, reservation)
+
+    def _book_ledger(self, parsed: ParsedRequest, attempt: Attempt, reservation: Reservation | None) -> None:
+        """Every request that reached a backend is booked, whatever its outcome; one that did not gives its
+        reservation back."""
+        accountant = self._state.accountant
+        backend = attempt.served_by
+        if backend is None or attempt.tenant is None:
+            if reservation is not None:
+                accountant.release_soon(reservation)
+            return
+        usage = attempt.usage or {}
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        entry = LedgerEntry(
+            request_id=attempt.request_id,
+            time=time.time(),
+            tenant=attempt.tenant.name,
+            route=attempt.route,
+            backend=attempt.backend,
+            kind=backend.kind,
+            prompt_tokens=prompt if isinstance(prompt, int) else parsed.prompt_tokens,
+            cached_tokens=_cached(usage),
+            completion_tokens=completion if isinstance(completion, int) else 0,
+            cost_usd=attempt.cost_usd if attempt.cost_usd is not None else self._unknown_cost(attempt),
+            hosted_equivalent_usd=attempt.hosted_equivalent_usd,
+            outcome=attempt.outcome,
+        )
+        if reservation is not None:
+            accountant.settle_soon(reservation, entry)
+        else:
+            accountant.record_soon(entry)
+
+    @staticmethod
+    def _unknown_cost(attempt: Attempt) -> float:
+        """A request cut off before its usage was reported: once tokens flowed, assume the worst case."""
+        return attempt.worst_case_usd if attempt.first_token_at else 0.0
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
         """Send to the first choice; if it fails before the client saw a byte, to the next one."""
@@ -185,6 +285,7 @@ class CompletionsHandler:
         for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
             backend = registry[name]
             attempt.backend = name
+            attempt.served_by = backend
             attempt.reason = decision.reason if index == 0 else "fallback"
             attempt.first_token_at = 0.0
             attempt.usage = None
@@ -342,21 +443,22 @@ class CompletionsHandler:
             counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
 
     def _count_spend(self, attempt: Attempt) -> None:
+        """Price the request (hosted at the provider's prices, replicas as GPU time) and count it."""
         usage = attempt.usage or {}
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if not isinstance(prompt, int) or not isinstance(completion, int):
+        backend = attempt.served_by
+        if not isinstance(prompt, int) or not isinstance(completion, int) or backend is None:
             return
-        backend = self._state.registry[attempt.backend]
-        cost = attempt.cost_usd
-        if cost is None:  # a replica: its GPU time, priced per output token
-            cost = completion * backend.usd_per_mtok_out / 1e6
+        if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
+            attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
+        reference = attempt.reference_price
+        if reference is not None:
+            attempt.hosted_equivalent_usd = reference.cost(prompt, completion, _cached(usage))
         metrics = self._state.metrics
         tenant = self._tenant_label(attempt)
-        metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(cost)
-        reference = self._state.routes[attempt.route].reference_price
+        metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(attempt.cost_usd)
         if reference is not None:
-            equivalent = reference.cost(prompt, completion, _cached(usage))
-            metrics.hosted_equivalent.labels(tenant, attempt.route).inc(equivalent)
+            metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
 
     def _tenant_label(self, attempt: Attempt) -> str:
         if attempt.tenant is None or not self._state.config.metrics.tenant_labels:
@@ -382,12 +484,20 @@ class CompletionsHandler:
         if attempt.outcome == "ok":
             e2e = time.perf_counter() - attempt.started
             metrics.e2e.labels(attempt.backend).observe(e2e)
-            self._state.registry[attempt.backend].observe_service_time(e2e)
+            if attempt.served_by is not None:
+                attempt.served_by.observe_service_time(e2e)
             self._count_prompt_tokens(attempt)
             self._count_spend(attempt)
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
             self._count_slo(attempt, attempt.tpot_s)
+
+
+def _quota_error(refused: QuotaExceeded) -> ApiError:
+    header = refused.retry_after_header
+    return ApiError(
+        429, refused.message, code="quota_exceeded", headers={"retry-after": header} if header is not None else {}
+    )
 
 
 def prepare_replica_payload(payload: dict[str, Any], served_model: str, tenant: Tenant | None) -> None:

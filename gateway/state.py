@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -11,6 +12,7 @@ from backends.hosted import HostedModel
 from backends.http1 import Http1Client
 from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
+from gateway.accounting import Accountant, make_client
 from gateway.catalog import Catalog, Endpoints, build_catalog
 from gateway.config import GatewayConfig
 from gateway.live_config import LiveConfig
@@ -40,6 +42,9 @@ class GatewayState:
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
+    accountant: Accountant = field(init=False)
+    """Rate limits, budgets and the cost ledger; built by :meth:`start` (it may need Redis)."""
+    _accounting_redis: aioredis.Redis | None = field(default=None, init=False)
 
     def apply(self, catalog: Catalog) -> None:
         """Switch to a new config version. Plain attribute swaps, so no request sees half of one: a request
@@ -54,9 +59,20 @@ class GatewayState:
         self.config = catalog.config
 
     async def start(self) -> None:
+        settings = self.config.state
         client = None
-        if self.config.state.redis_url:
-            client = aioredis.from_url(resolve_secret(self.config.state.redis_url), socket_timeout=2.0)
+        if settings.redis_url:
+            url = resolve_secret(settings.redis_url)
+            self._accounting_redis = make_client(url)
+        self.accountant = Accountant(
+            Path(settings.data_dir) / "ledger.sqlite3",
+            redis=self._accounting_redis,
+            key_prefix=settings.key_prefix,
+            fail_open=settings.on_redis_outage == "fail_open",
+        )
+        await self.accountant.start()
+        if settings.redis_url:
+            client = aioredis.from_url(resolve_secret(settings.redis_url), socket_timeout=2.0)
             stream = f"{self.config.state.key_prefix}:prefix-index"
             self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
             await self.prefix.shared.start()
@@ -68,6 +84,9 @@ class GatewayState:
         if self.live is not None:
             await self.live.stop()
         await self.registry.stop()
+        await self.accountant.stop()
+        if self._accounting_redis is not None:
+            await self._accounting_redis.aclose()
         if self.prefix.shared is not None:
             await self.prefix.shared.stop()
         self.upstream.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from gateway.accounting import UNLIMITED, TenantLimits
 from gateway.config import AdminConfig, ConfigError, TenantConfig
 from gateway.errors import ApiError
 from gateway.secrets import resolve_secret
@@ -27,6 +28,10 @@ class Tenant:
     priority: str = "normal"
     isolation: str = "shared"
     dedicated_pools: frozenset[str] = frozenset()
+    limits: TenantLimits = UNLIMITED
+    """Rate limits and budgets, reserved before each request is sent."""
+    hosted_over_budget: str = "self_hosted"
+    """Past a hosted budget: ``self_hosted`` keeps serving on replicas, ``reject`` answers 429."""
     config: TenantConfig | None = None
 
     def may_use(self, route: str) -> bool:
@@ -147,5 +152,14 @@ def _tenant_from(config: TenantConfig, route_aliases: dict[str, str]) -> Tenant:
         priority=config.priority,
         isolation=config.isolation,
         dedicated_pools=frozenset(config.dedicated_pools),
+        limits=TenantLimits(
+            requests_per_minute=config.limits.requests_per_minute,
+            tokens_per_minute=config.limits.tokens_per_minute,
+            usd_per_day=config.budget.usd_per_day,
+            usd_per_month=config.budget.usd_per_month,
+            hosted_usd_per_day=config.budget.hosted_usd_per_day,
+            hosted_usd_per_month=config.budget.hosted_usd_per_month,
+        ),
+        hosted_over_budget=config.budget.on_hosted_exceeded,
         config=config,
     )

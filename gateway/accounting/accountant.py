@@ -151,6 +151,10 @@ class Accountant:
         """:meth:`release` from synchronous code, like :meth:`settle_soon`."""
         self._in_background(self.release(reservation, entry))
 
+    def record_soon(self, entry: LedgerEntry) -> None:
+        """:meth:`record` from synchronous code, like :meth:`settle_soon`."""
+        self._in_background(self.record(entry))
+
     def _in_background(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._settling.add(task)
