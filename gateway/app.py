@@ -20,6 +20,7 @@ from gateway.errors import ApiError, error_body
 from gateway.exchange import Receive, Scope, Send
 from gateway.openapi import install_openapi
 from gateway.proxy import CompletionsHandler
+from gateway.spend_api import spend_router
 from gateway.state import GatewayState
 
 log = logging.getLogger("spillgate.gateway")
@@ -152,6 +153,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(admin_router(state))
+    app.include_router(spend_router(state))
     app.include_router(dashboard_router(state))
     install_openapi(app)
     return app

@@ -34,6 +34,7 @@ def gateway_config(replica_urls: list[str], **overrides: Any) -> dict[str, Any]:
 def start_gateway(config: dict[str, Any], tmp_path: Path, *, ready_path: str = "/health") -> RunningProcess:
     port = free_port()
     config = {**config, "state": {"data_dir": str(tmp_path / f"data-{port}"), **config.get("state", {})}}
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"gateway-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     return start_spillgate(

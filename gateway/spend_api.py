@@ -1,0 +1,49 @@
+"""Spend reads: ``GET /v1/spend`` for the calling tenant, ``GET /admin/spend`` for any tenant (admin key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+
+from gateway.errors import ApiError
+from gateway.state import GatewayState
+from gateway.tenants import ANONYMOUS
+
+_HOURS = Query(default=1.0, gt=0, le=24, description="how far back the series goes")
+_BUCKET = Query(default=60, ge=60, le=3600, description="series bucket width in seconds")
+
+
+def spend_router(state: GatewayState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/spend")
+    async def own_spend(request: Request, hours: float = _HOURS, bucket_s: int = _BUCKET) -> dict[str, Any]:
+        """The caller's own spend today and this month, its limits and rate usage, and a recent series.
+        There is no parameter naming a tenant: the key decides, so nobody reads another tenant's spend."""
+        tenant = state.tenants.authenticate(request.headers.get("authorization"))
+        if tenant.name == ANONYMOUS:
+            raise ApiError(401, "Spend is per tenant: pass a tenant key.", code="invalid_api_key")
+        return await _tenant_report(state, tenant.name, hours, bucket_s)
+
+    @router.get("/admin/spend")
+    async def any_spend(
+        request: Request, tenant: str | None = None, hours: float = _HOURS, bucket_s: int = _BUCKET
+    ) -> dict[str, Any]:
+        """Every tenant's spend (or one tenant's, with its series), for operators."""
+        state.tenants.authenticate_admin(request.headers.get("authorization"))
+        if tenant is not None:
+            return await _tenant_report(state, tenant, hours, bucket_s)
+        limits = {name: t.limits for name, t in state.tenants.by_name.items()}
+        reports = await state.accountant.spend_all(limits)
+        return {"degraded": state.accountant.degraded, "tenants": [r.to_dict() for r in reports]}
+
+    return router
+
+
+async def _tenant_report(state: GatewayState, name: str, hours: float, bucket_s: int) -> dict[str, Any]:
+    known = state.tenants.by_name.get(name)
+    limits = known.limits if known is not None else None
+    report = await state.accountant.spend(name, limits) if limits else await state.accountant.spend(name)
+    series = await state.accountant.series(name, hours=hours, bucket_s=bucket_s)
+    return {**report.to_dict(), "series": [point.to_dict() for point in series]}
