@@ -142,4 +142,7 @@ def _print_banner(
         shown = [k for k in tenant.keys if not k.startswith(("sha256:", "os.environ/"))]
         if shown:
             lines.append(f"  tenant {tenant.name}: key {shown[0]}")
+    admin_keys = [k for k in config.admin.keys if not k.startswith(("sha256:", "os.environ/"))]
+    if admin_keys:
+        lines.append(f"  admin key: {admin_keys[0]}")
     print("\n".join(lines), flush=True)
