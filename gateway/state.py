@@ -20,6 +20,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker
 from gateway.routes import Route
 from gateway.secrets import resolve_secret
+from gateway.spend_view import LedgerSpend
 from gateway.tenants import TenantDirectory
 from policies.complexity import ComplexityClassifier
 
@@ -45,6 +46,11 @@ class GatewayState:
     accountant: Accountant = field(init=False)
     """Rate limits, budgets and the cost ledger; built by :meth:`start` (it may need Redis)."""
     _accounting_redis: aioredis.Redis | None = field(default=None, init=False)
+
+    @property
+    def spend(self) -> LedgerSpend:
+        """The ledger's spend, as the dashboard reads it."""
+        return LedgerSpend(self.accountant)
 
     def apply(self, catalog: Catalog) -> None:
         """Switch to a new config version. Plain attribute swaps, so no request sees half of one: a request

@@ -1,0 +1,40 @@
+"""The cost ledger as the dashboard reads it: spend per bucket and kind, and this month's totals."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.accounting import Accountant
+
+
+class LedgerSpend:
+    """Adapts :class:`~gateway.accounting.Accountant` reads to the dashboard's ``series``/``totals``."""
+
+    def __init__(self, accountant: Accountant) -> None:
+        self._accountant = accountant
+
+    async def series(self, tenant: str | None, bucket_s: int, since_s: float) -> list[dict[str, Any]]:
+        """One row per bucket, tenant and kind since ``since_s``; every tenant when ``tenant`` is None."""
+        hours = max(bucket_s, time.time() - since_s) / 3600
+        names = [tenant] if tenant is not None else sorted(await self._accountant.tenants())
+        rows = []
+        for name in names:
+            for point in await self._accountant.series(name, hours=hours, bucket_s=bucket_s):
+                if point.start >= since_s - bucket_s:
+                    rows.append({"t": point.start, "tenant": name, "kind": point.kind, "usd": point.usd})
+        return rows
+
+    async def totals(self, tenant: str | None) -> dict[str, Any]:
+        """This UTC month's spend (all tenants' when ``tenant`` is None), as the ledger has it."""
+        reports = (
+            [await self._accountant.spend(tenant)] if tenant is not None else await self._accountant.spend_all()
+        )
+        months = [r.month for r in reports]
+        return {
+            "window": "month",
+            "usd": sum(m.total.usd for m in months),
+            "hosted_usd": sum(m.hosted_usd for m in months),
+            "hosted_equivalent_usd": sum(m.total.hosted_equivalent_usd for m in months),
+            "requests": sum(m.total.requests for m in months),
+        }
