@@ -55,6 +55,7 @@ _FAILURES = {
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
+_PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 _GATEWAY_OWNED_FIELDS = (
     "rid",
     "bootstrap_host",
@@ -130,6 +131,7 @@ class CompletionsHandler:
             self_hosted_only=tenant.self_hosted_only,
             spilling=route.spilling,
             chat=self._chat,
+            priority=_PRIORITIES[tenant.priority],
         )
         return parsed, request, route, targets
 

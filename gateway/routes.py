@@ -47,7 +47,7 @@ class Route:
             self.spilling = False
 
 
-_KEPT_BY_RULE = frozenset({"residency", "budget", "queued", "best_effort"})
+_KEPT_BY_RULE = frozenset({"residency", "budget", "priority", "queued", "best_effort"})
 """Reasons a replica served although it missed the SLO: not evidence that the pool has recovered."""
 
 

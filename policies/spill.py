@@ -60,6 +60,9 @@ def allowed(request: RouteRequest, backend: BackendState) -> bool:
     return not backend.context_window or request.prompt_tokens + request.max_tokens <= backend.context_window
 
 
+LOW_PRIORITY, HIGH_PRIORITY = 0, 2
+
+
 @dataclass(frozen=True)
 class HybridPolicy:
     """Replicas ranked by ``replicas``, hosted models by cost, and the SLO deciding between them."""
@@ -88,6 +91,8 @@ class HybridPolicy:
         if capable_replicas and capable_replicas[0].meets(request, scale):
             return _decision(capable_replicas[0], replica_decision.reason, capable_replicas, hosted)
         why = "complex" if not capable_replicas else "overflow"
+        if why == "overflow" and request.priority == LOW_PRIORITY and any(b.kind == "hosted" for b in candidates):
+            return self._keep_low_priority(request, capable_replicas, hosted)
         meeting = [p for p in capable_hosted if p.meets(request)]
         if meeting:
             return _decision(meeting[0], why, meeting, [*capable_hosted, *replicas])
@@ -114,15 +119,25 @@ class HybridPolicy:
         hosted: list[Prediction],
         why: str,
     ) -> Decision:
-        if self.on_slo_miss == "reject":
+        if self.on_slo_miss == "reject" and request.priority < HIGH_PRIORITY:
             soonest = min(p.ttft_s for p in [*replicas, *hosted])
             raise OverCapacity(f"no backend for {request.route!r} is predicted to meet the SLO", soonest)
-        if self.on_slo_miss == "queue" and replicas:
+        if self.on_slo_miss == "queue" and replicas and request.priority < HIGH_PRIORITY:
             return _decision(replicas[0], self._forbidden_reason(request, snapshot, "queued"), replicas, hosted)
         fastest = min([*replicas, *hosted], key=lambda p: p.ttft_s)
         if fastest.backend.kind == "hosted":
             return _decision(fastest, why, hosted, replicas)
         return _decision(fastest, self._forbidden_reason(request, snapshot, "best_effort"), replicas, hosted)
+
+    def _keep_low_priority(
+        self, request: RouteRequest, replicas: list[Prediction], hosted: list[Prediction]
+    ) -> Decision:
+        """Paid overflow capacity is not for low-priority tenants: they wait on the replicas (or are refused
+        when the route rejects what misses the SLO)."""
+        if self.on_slo_miss == "reject":
+            soonest = min(p.ttft_s for p in replicas)
+            raise OverCapacity(f"{request.route!r} is over capacity for low-priority requests", soonest)
+        return _decision(replicas[0], "priority", replicas, hosted)
 
     @staticmethod
     def _forbidden_reason(request: RouteRequest, snapshot: Snapshot, otherwise: str) -> str:

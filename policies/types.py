@@ -36,6 +36,9 @@ class RouteRequest(NamedTuple):
     """The route spilled its last overflow decision; it keeps spilling until replicas are clearly back."""
     chat: bool = True
     """A chat request; hosted models are reached through a chat-only client."""
+    priority: int = 1
+    """The tenant's claim on paid capacity under pressure: 0 low (never spills for overflow), 1 normal,
+    2 high (takes the fastest candidate when nothing meets the SLO, whatever ``on_slo_miss`` says)."""
 
 
 class BackendState(NamedTuple):

@@ -105,3 +105,18 @@ def test_context_window_and_health_filter_candidates() -> None:
     small = replica("r0")._replace(context_window=1000)
     decision = policy().decide(request(), Snapshot((small, replica("r1", healthy=False), hosted("frontier"))))
     assert decision.backend == "frontier"
+
+
+def test_low_priority_waits_instead_of_spilling_for_overflow() -> None:
+    decision = policy().decide(request(priority=0), BUSY)
+    assert (decision.backend, decision.reason) == ("r0", "priority")
+    with pytest.raises(OverCapacity):
+        policy("reject").decide(request(priority=0), BUSY)
+    # Complexity is about quality, not capacity: a complex prompt still goes to the tier that can answer it.
+    assert policy().decide(request(priority=0, required_tier=2), IDLE).reason == "complex"
+
+
+def test_high_priority_takes_the_fastest_whatever_the_route_says() -> None:
+    snapshot = Snapshot((replica("r0", pending=80_000), hosted("frontier", ttft=3.5)))  # nothing meets 1 s
+    assert policy("reject").decide(request(priority=2), snapshot).backend == "frontier"
+    assert policy("queue").decide(request(priority=2), snapshot).backend == "frontier"
