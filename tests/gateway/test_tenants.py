@@ -120,7 +120,7 @@ def test_tenants_read_only_their_own_spend(gateway: RunningProcess) -> None:
     assert one["tenant"] == "other" and one["series"], "a per-minute series comes with one tenant's report"
 
 
-def test_budget_holds_under_200_concurrent_requests_on_two_processes(
+def test_budget_and_rate_limit_hold_under_concurrency_on_two_processes(
     replica: RunningProcess, tmp_path: Path, redis_url: str
 ) -> None:
     state = {"redis_url": redis_url, "key_prefix": f"budget-{free_port()}"}
@@ -138,6 +138,11 @@ def test_budget_holds_under_200_concurrent_requests_on_two_processes(
         assert spent == pytest.approx(served * one_request)
         assert spent <= budget + one_request, "overshoot is at most one request's worst case"
         assert served >= 9, "the budget is used, not refused wholesale"
+        with concurrent.futures.ThreadPoolExecutor(max_workers=40) as pool:
+            limited = [
+                f.result().status_code for f in [pool.submit(ask, gateways[i % 2], LIMITED_KEY) for i in range(40)]
+            ]
+        assert limited.count(200) == 3, "a rate limit of 3/min admits exactly 3 of 40 concurrent requests"
     finally:
         for proc in gateways:
             proc.stop()
@@ -173,7 +178,7 @@ def test_redis_outage_keeps_serving_and_loses_no_ledger_entry(replica: RunningPr
             assert ask(gateway, OTHER_KEY).status_code == 200, "Redis being away does not stop serving"
         health = httpx.get(gateway.url + "/health").json()
         assert health["status"] == "degraded" and health["accounting"] == "degraded"
-        assert "spillgate_degraded{component=\"accounting\"} 1.0" in httpx.get(gateway.url + "/metrics").text
+        assert 'spillgate_degraded{component="accounting"} 1.0' in httpx.get(gateway.url + "/metrics").text
         with private_redis(tmp_path, port=port):
             eventually(lambda: httpx.get(gateway.url + "/health").json()["status"] == "ok")
             today = spend(gateway, ADMIN_KEY, "/admin/spend", tenant="other")["today"]
