@@ -11,7 +11,7 @@ from gateway.state import GatewayState
 from gateway.tenants import ANONYMOUS
 
 _HOURS = Query(default=1.0, gt=0, le=24, description="how far back the series goes")
-_BUCKET = Query(default=60, ge=60, le=3600, description="series bucket width in seconds")
+_BUCKET = Query(default=60, ge=60, le=3600, multiple_of=60, description="series bucket width, whole minutes")
 
 
 def spend_router(state: GatewayState) -> APIRouter:

@@ -15,7 +15,9 @@ class LedgerSpend:
         self._accountant = accountant
 
     async def series(self, tenant: str | None, bucket_s: int, since_s: float) -> list[dict[str, Any]]:
-        """One row per bucket, tenant and kind since ``since_s``; every tenant when ``tenant`` is None."""
+        """One row per bucket, tenant and kind since ``since_s``; every tenant when ``tenant`` is None.
+        The ledger keeps minutes: ``bucket_s`` is rounded up to whole minutes."""
+        bucket_s = max(60, -(-bucket_s // 60) * 60)
         hours = max(bucket_s, time.time() - since_s) / 3600
         names = [tenant] if tenant is not None else sorted(await self._accountant.tenants())
         rows = []
