@@ -19,7 +19,7 @@ $(VENV)/.test: $(VENV)/.runtime
 demo: $(VENV)/.runtime
 	$(VENV)/bin/spillgate serve
 
-test: $(VENV)/.test redis-server
+test: $(VENV)/.test redis-server chromium
 	$(PY) -m ruff check gateway policies backends cache tests
 	$(PY) -m pytest -q
 
@@ -33,6 +33,13 @@ redis-server:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
 	  else echo "redis-server is missing: install it (sudo apt-get install redis-server)" >&2; exit 1; fi; }
+
+# The dashboard's browser test drives Debian's chromium through Playwright (no browser download).
+.PHONY: chromium
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium is missing: install it (sudo apt-get install chromium)" >&2; exit 1; fi; }
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
