@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
 
 PolicyName = Literal["round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+_DIGEST = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
+_ENV = re.compile(r"^os\.environ/[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_key_spec(spec: str) -> str:
+    if spec.startswith("sha256:") and not _DIGEST.match(spec):
+        raise ValueError("a key digest is 'sha256:' followed by 64 hex digits")
+    if spec.startswith("os.environ/") and not _ENV.match(spec):
+        raise ValueError("an environment key is 'os.environ/NAME'")
+    if len(spec) < 8 or spec != spec.strip():
+        raise ValueError("a literal key has at least 8 characters and no surrounding spaces")
+    return spec
+
+
+KeySpec = Annotated[str, AfterValidator(_check_key_spec)]
+"""An API key as ``sha256:<64 hex digits>``, ``os.environ/NAME``, or the literal key."""
 
 
 class Strict(BaseModel):
@@ -31,6 +48,7 @@ class LimitsConfig(Strict):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_messages: int = Field(default=2048, gt=0)
     max_tokens: int = Field(default=32768, gt=0)
+    max_choices: int = Field(default=16, gt=0, description="largest n / best_of a client may ask for")
 
 
 class TimeoutsConfig(Strict):
@@ -155,7 +173,7 @@ class TenantConfig(Strict):
     list two to rotate (both valid until the old one is removed)."""
 
     name: Name
-    keys: list[str] = Field(min_length=1)
+    keys: list[KeySpec] = Field(min_length=1)
     routes: list[str] = Field(default_factory=lambda: ["*"])
     slo: SloConfig = SloConfig()
     residency: Literal["any", "self_hosted_only"] = "any"
@@ -179,7 +197,7 @@ class TenantConfig(Strict):
 class AdminConfig(Strict):
     """Keys for the admin API and the all-tenant dashboard; never valid as tenant keys."""
 
-    keys: list[str] = Field(default_factory=list)
+    keys: list[KeySpec] = Field(default_factory=list)
 
 
 class MetricsConfig(Strict):
@@ -250,6 +268,15 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
             elif pool in owner:
                 problems.append((where, f"pool {pool!r} is already dedicated to tenant {owner[pool]!r}"))
             owner.setdefault(pool, tenant.name)
+    for i, route in enumerate(config.routes):
+        names = {route.name, *route.aliases}
+        users = [
+            t.name
+            for t in config.tenants
+            if t.isolation != "dedicated" and ("*" in t.routes or names.intersection(t.routes))
+        ]
+        if users and all(target in owner for target in route.targets):
+            problems.append((f"routes.{i}.targets", f"every target is a dedicated pool: tenants {users} get nothing"))
     if config.auth.required and not config.tenants:
         problems.append(("auth.required", "auth.required is true but no tenants are configured"))
     return problems

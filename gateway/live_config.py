@@ -96,9 +96,10 @@ class LiveConfig:
         existing = {b.name: b for b in self._state.registry}
         try:
             catalog = build_catalog(config, self._state.endpoints, existing)
-        except (ConfigError, MissingSecret) as exc:
-            message = str(exc).removeprefix("config: ")
-            raise ConfigError(f"config: {message}", [("(config)", message)]) from None
+        except ConfigError as exc:
+            raise ConfigError(f"config: {exc}", exc.problems or [("(config)", str(exc))]) from None
+        except MissingSecret as exc:
+            raise ConfigError(f"config: {exc}", [("(config)", str(exc))]) from None
         self._state.apply(catalog)
         if record:
             self._history.append(version)

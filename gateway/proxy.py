@@ -188,17 +188,20 @@ class CompletionsHandler:
                 raise _quota_error(again) from None
 
     async def _hold(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt) -> Reservation:
+        """Reserve a true upper bound: every choice at its output limit, and a prompt of as many tokens as
+        the body has bytes (a byte-level tokenizer never makes more), whatever the language or images."""
         assert attempt.tenant is not None
         registry = self._state.registry
         candidates = [registry[name] for name in decision.ranked[:_MAX_ATTEMPTS]]
-        output = parsed.max_tokens or self._state.config.limits.max_tokens
+        output = (parsed.max_tokens or self._state.config.limits.max_tokens) * parsed.choices
+        prompt = max(parsed.prompt_tokens, parsed.body_bytes)
         attempt.worst_case_usd = max(
-            (parsed.prompt_tokens * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6 for b in candidates
+            (prompt * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6 for b in candidates
         )
         return await self._state.accountant.reserve(
             attempt.tenant.name,
             attempt.tenant.limits,
-            tokens=parsed.prompt_tokens + output,
+            tokens=prompt + output,
             worst_case_usd=attempt.worst_case_usd,
             hosted=any(b.kind == "hosted" for b in candidates),
         )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gateway.accounting import UNLIMITED, TenantLimits
 from gateway.config import AdminConfig, ConfigError, TenantConfig
 from gateway.errors import ApiError
-from gateway.secrets import resolve_secret
+from gateway.secrets import MissingSecret, resolve_secret
 
 ANONYMOUS = "anonymous"
 _SALT_SEPARATOR = "|"
@@ -89,17 +89,27 @@ class TenantDirectory:
         self._required = required
         self._by_digest: dict[str, Tenant] = {}
         self.by_name: dict[str, Tenant] = {}
-        for config in tenants:
+        self._admins: dict[str, Admin] = {}
+        problems: list[tuple[str, str]] = []
+        owners: dict[str, str] = {}
+        for i, config in enumerate(tenants):
             tenant = _tenant_from(config, route_aliases)
             self.by_name[tenant.name] = tenant
-            for spec in config.keys:
-                self._by_digest[resolve_key(spec)] = tenant
-        self._admins: dict[str, Admin] = {}
-        for spec in admin.keys if admin else []:
-            digest = resolve_key(spec)
-            if digest in self._by_digest:
-                raise ConfigError("admin.keys: an admin key is also a tenant key; admin keys must be separate")
-            self._admins[digest] = Admin(digest[:12])
+            for j, spec in enumerate(config.keys):
+                digest = _digest_or_problem(spec, f"tenants.{i}.keys.{j}", problems)
+                if digest in owners and owners[digest] != tenant.name:
+                    problems.append((f"tenants.{i}.keys.{j}", f"already a key of tenant {owners[digest]!r}"))
+                elif digest:
+                    owners[digest] = tenant.name
+                    self._by_digest[digest] = tenant
+        for j, spec in enumerate(admin.keys if admin else []):
+            digest = _digest_or_problem(spec, f"admin.keys.{j}", problems)
+            if digest in owners:
+                problems.append((f"admin.keys.{j}", "an admin key must not also be a tenant key"))
+            elif digest:
+                self._admins[digest] = Admin(digest[:12])
+        if problems:
+            raise ConfigError("; ".join(f"{path}: {message}" for path, message in problems), problems)
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))
 
     @property
@@ -138,6 +148,14 @@ class TenantDirectory:
         if digest in self._by_digest:
             raise ApiError(403, "This endpoint needs an admin key.", code="admin_key_required")
         raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
+
+
+def _digest_or_problem(spec: str, where: str, problems: list[tuple[str, str]]) -> str:
+    try:
+        return resolve_key(spec)
+    except MissingSecret as exc:
+        problems.append((where, str(exc)))
+        return ""
 
 
 def _tenant_from(config: TenantConfig, route_aliases: dict[str, str]) -> Tenant:

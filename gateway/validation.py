@@ -18,6 +18,8 @@ from gateway.errors import ApiError
 CHARS_PER_TOKEN = 4
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
+_NON_TEXT_PART_CHARS = 4 * 1024
+"""An image or audio part counted as about a thousand tokens: what a typical image costs a vision model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,12 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     max_tokens: int
+    """The largest output limit the body sets (``max_tokens`` or ``max_completion_tokens``); 0 when none."""
     prompt_tokens: int
+    choices: int = 1
+    """Completions asked for (``n``, or ``best_of`` when larger): each may produce ``max_tokens``."""
+    body_bytes: int = 0
+    """The body's size: a bound on its prompt tokens that holds for any language (reservations use it)."""
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -59,17 +66,19 @@ def parse_chat_request(body: bytes, limits: LimitsConfig) -> ParsedRequest:
         if not isinstance(tools, list):
             raise _invalid("tools", "'tools' must be an array.")
         chars += len(orjson.dumps(tools))
-    return _common(payload, limits, chars, "max_completion_tokens", "max_tokens")
+    return _common(payload, limits, chars, len(body), "max_completion_tokens", "max_tokens")
 
 
 def parse_completion_request(body: bytes, limits: LimitsConfig) -> ParsedRequest:
     payload = parse_json_object(body)
     if "prompt" not in payload:
         raise _invalid("prompt", "'prompt' is required.", code="missing_required_parameter")
-    return _common(payload, limits, _prompt_chars(payload["prompt"]), "max_tokens")
+    return _common(payload, limits, _prompt_chars(payload["prompt"]), len(body), "max_tokens")
 
 
-def _common(payload: dict[str, Any], limits: LimitsConfig, chars: int, *token_fields: str) -> ParsedRequest:
+def _common(
+    payload: dict[str, Any], limits: LimitsConfig, chars: int, body_bytes: int, *token_fields: str
+) -> ParsedRequest:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "'model' must be a non-empty string naming a route.")
@@ -99,7 +108,15 @@ def _common(payload: dict[str, Any], limits: LimitsConfig, chars: int, *token_fi
             raise _invalid(name, f"'{name}' must be a positive integer.")
         if value > limits.max_tokens:
             raise _invalid(name, f"'{name}' is {value}; this gateway allows at most {limits.max_tokens}.")
-        max_tokens = value
+        max_tokens = max(max_tokens, value)  # whichever the backend honours, the worst case is the larger
+    choices = 1
+    for name in ("n", "best_of"):
+        value = payload.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.max_choices:
+            raise _invalid(name, f"'{name}' must be an integer from 1 to {limits.max_choices}.")
+        choices = max(choices, value)
     return ParsedRequest(
         payload=payload,
         model=model,
@@ -107,6 +124,8 @@ def _common(payload: dict[str, Any], limits: LimitsConfig, chars: int, *token_fi
         include_usage=include_usage,
         max_tokens=max_tokens,
         prompt_tokens=chars // CHARS_PER_TOKEN + 1,
+        choices=choices,
+        body_bytes=body_bytes,
     )
 
 
@@ -125,7 +144,7 @@ def _message_chars(message: object, where: str) -> int:
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise _invalid(f"{where}.content[{index}]", "Each content part must be an object with a 'type'.")
             text = part.get("text")
-            chars += len(text) if isinstance(text, str) else 0
+            chars += len(text) if isinstance(text, str) else _NON_TEXT_PART_CHARS
         return chars
     raise _invalid(f"{where}.content", f"'{where}.content' must be a string or an array of content parts.")
 

@@ -32,13 +32,19 @@ def test_minimal_config() -> None:
         ({"limits": {"max_body_bytes": -1}}, "limits.max_body_bytes"),
         ({"surprise": 1}, "surprise"),
         ({"auth": {"required": True}}, "no tenants"),
-        ({"tenants": [{"name": "t", "keys": ["k"], "isolation": "dedicated"}]}, "tenants.0: Value error, isolation"),
         (
-            {"tenants": [{"name": "t", "keys": ["k"], "isolation": "dedicated", "dedicated_pools": ["q"]}]},
+            {"tenants": [{"name": "t", "keys": ["sk-test-key"], "isolation": "dedicated"}]},
+            "tenants.0: Value error, isolation",
+        ),
+        (
+            {"tenants": [{"name": "t", "keys": ["sk-test-key"], "isolation": "dedicated", "dedicated_pools": ["q"]}]},
             "tenants.0.dedicated_pools.0: unknown pool 'q'",
         ),
-        ({"tenants": [{"name": "t", "keys": ["k"], "isolation": "private"}]}, "tenants.0.isolation"),
-        ({"tenants": [{"name": "t", "keys": ["k"], "budget": {"usd_per_day": -1}}]}, "tenants.0.budget.usd_per_day"),
+        ({"tenants": [{"name": "t", "keys": ["sk-test-key"], "isolation": "private"}]}, "tenants.0.isolation"),
+        (
+            {"tenants": [{"name": "t", "keys": ["sk-test-key"], "budget": {"usd_per_day": -1}}]},
+            "tenants.0.budget.usd_per_day",
+        ),
         ({"routes": [{"name": "r", "targets": ["p", "x"]}]}, "routes.0.targets.1: unknown target 'x'"),
     ],
 )
@@ -60,3 +66,46 @@ def test_every_problem_is_listed_by_path() -> None:
         parse_config(raw)
     paths = sorted(path for path, _ in info.value.problems)
     assert paths == ["limits.max_messages", "limits.max_tokens", "listen.port"]
+
+
+@pytest.mark.parametrize(
+    ("tenants", "expected"),
+    [
+        ([{"name": "t", "keys": ["sha256:zz"]}], "tenants.0.keys.0"),
+        ([{"name": "t", "keys": ["short"]}], "tenants.0.keys.0"),
+        ([{"name": "t", "keys": ["os.environ/"]}], "tenants.0.keys.0"),
+    ],
+)
+def test_malformed_keys_are_refused(tenants: list, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({**MINIMAL, "tenants": tenants})
+    assert expected in [path for path, _ in info.value.problems]
+
+
+def test_a_route_only_dedicated_pools_serve_is_refused_for_everyone_else() -> None:
+    raw = {
+        **MINIMAL,
+        "tenants": [
+            {"name": "a", "keys": ["sk-tenant-a"], "isolation": "dedicated", "dedicated_pools": ["p"]},
+            {"name": "b", "keys": ["sk-tenant-b"]},
+        ],
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert info.value.problems == [("routes.0.targets", "every target is a dedicated pool: tenants ['b'] get nothing")]
+
+
+def test_one_key_cannot_belong_to_two_tenants_or_be_an_admin_key() -> None:
+    from gateway.config import AdminConfig, TenantConfig
+    from gateway.tenants import TenantDirectory
+
+    tenants = [
+        TenantConfig(name="a", keys=["sk-shared-key"]),
+        TenantConfig(name="b", keys=["sk-other-key", "sk-shared-key"]),
+    ]
+    with pytest.raises(ConfigError) as info:
+        TenantDirectory(tenants, required=True, route_aliases={})
+    assert info.value.problems == [("tenants.1.keys.1", "already a key of tenant 'a'")]
+    with pytest.raises(ConfigError) as info:
+        TenantDirectory(tenants[:1], required=True, route_aliases={}, admin=AdminConfig(keys=["sk-shared-key"]))
+    assert info.value.problems == [("admin.keys.0", "an admin key must not also be a tenant key")]

@@ -9,7 +9,7 @@ from gateway.tenants import Tenant
 
 def tenant(isolation: str) -> Tenant:
     config = TenantConfig(
-        name="acme", keys=["k"], isolation=isolation, dedicated_pools=["p"] * (isolation == "dedicated")
+        name="acme", keys=["sk-test-key"], isolation=isolation, dedicated_pools=["p"] * (isolation == "dedicated")
     )
     return Tenant("acme", frozenset({"*"}), isolation=config.isolation, config=config)
 
