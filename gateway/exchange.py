@@ -46,7 +46,8 @@ class Attempt:
     reason: str = "-"
     outcome: str = "error"
     cost_usd: float | None = None
-    hosted_equivalent_usd: float = 0.0
+    hosted_equivalent_usd: float | None = None
+    """What the request would have cost on the route's hosted model; set once its usage is known."""
     worst_case_usd: float = 0.0
     """What was reserved against the tenant's budgets."""
     served_by: Backend | None = None

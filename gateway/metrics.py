@@ -59,7 +59,8 @@ class GatewayMetrics:
         )
         self.hosted_equivalent = Counter(
             "spillgate_hosted_equivalent_usd",
-            "What the same requests would have cost on the route's hosted model: the baseline for savings.",
+            "What the same requests would have cost on the route's hosted model (on routes without one: what they "
+            "cost): the baseline for savings, which are this minus spillgate_spend_usd.",
             ("tenant", "route"),
             registry=self.registry,
         )

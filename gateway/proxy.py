@@ -259,6 +259,8 @@ class CompletionsHandler:
             return
         usage = attempt.usage or {}
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt_used = prompt if isinstance(prompt, int) else parsed.prompt_tokens
+        cost = attempt.cost_usd if attempt.cost_usd is not None else self._unknown_cost(attempt, prompt_used)
         entry = LedgerEntry(
             request_id=attempt.request_id,
             time=time.time(),
@@ -266,11 +268,11 @@ class CompletionsHandler:
             route=attempt.route,
             backend=attempt.backend,
             kind=backend.kind,
-            prompt_tokens=prompt if isinstance(prompt, int) else parsed.prompt_tokens,
+            prompt_tokens=prompt_used,
             cached_tokens=_cached(usage),
             completion_tokens=completion if isinstance(completion, int) else 0,
-            cost_usd=attempt.cost_usd if attempt.cost_usd is not None else self._unknown_cost(attempt),
-            hosted_equivalent_usd=attempt.hosted_equivalent_usd,
+            cost_usd=cost,
+            hosted_equivalent_usd=attempt.hosted_equivalent_usd if attempt.hosted_equivalent_usd is not None else cost,
             outcome=attempt.outcome,
         )
         if reservation is not None:
@@ -279,9 +281,15 @@ class CompletionsHandler:
             accountant.record_soon(entry)
 
     @staticmethod
-    def _unknown_cost(attempt: Attempt) -> float:
-        """A request cut off before its usage was reported: once tokens flowed, assume the worst case."""
-        return attempt.worst_case_usd if attempt.first_token_at else 0.0
+    def _unknown_cost(attempt: Attempt, prompt_tokens: int) -> float:
+        """A request cut off before its usage was reported: once tokens flowed, assume the worst case; a
+        hosted provider that got the request bills its prompt even if nothing came back."""
+        if attempt.first_token_at:
+            return attempt.worst_case_usd
+        backend = attempt.served_by
+        if backend is not None and backend.kind == "hosted" and attempt.outcome == "client_disconnected":
+            return prompt_tokens * backend.usd_per_mtok_in / 1e6
+        return 0.0
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
         """Send to the first choice; if it fails before the client saw a byte, to the next one."""
@@ -456,14 +464,17 @@ class CompletionsHandler:
             return
         if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
             attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
+        # The baseline for savings: the route's hosted model; a route without one saves nothing and loses
+        # nothing, so its baseline is what it cost. Ledger and metrics then agree on savings everywhere.
         reference = attempt.reference_price
         if reference is not None:
             attempt.hosted_equivalent_usd = reference.cost(prompt, completion, _cached(usage))
+        else:
+            attempt.hosted_equivalent_usd = attempt.cost_usd
         metrics = self._state.metrics
         tenant = self._tenant_label(attempt)
         metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(attempt.cost_usd)
-        if reference is not None:
-            metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
+        metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
 
     def _tenant_label(self, attempt: Attempt) -> str:
         if attempt.tenant is None or not self._state.config.metrics.tenant_labels:

@@ -90,7 +90,10 @@ class HybridPolicy:
 
         if capable_replicas and capable_replicas[0].meets(request, scale):
             return _decision(capable_replicas[0], replica_decision.reason, capable_replicas, hosted)
-        why = "complex" if not capable_replicas else "overflow"
+        if not any(b.kind == "replica" for b in snapshot.backends):
+            why = "hosted"  # a hosted-only route: nothing spilled
+        else:
+            why = "complex" if not capable_replicas else "overflow"
         if why == "overflow" and request.priority == LOW_PRIORITY and any(b.kind == "hosted" for b in candidates):
             return self._keep_low_priority(request, capable_replicas, hosted)
         meeting = [p for p in capable_hosted if p.meets(request)]

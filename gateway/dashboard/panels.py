@@ -56,9 +56,9 @@ def spend(samples: Samples) -> Panel:
 
 
 def savings(samples: Samples) -> Panel:
-    """Per route with a hosted baseline: what sending it all to the hosted model would have cost, minus
-    what it cost. Routes without a hosted target have no baseline and are left out of both sides, as
-    ``sum by (route) (equivalent) - sum by (route) (spend)`` leaves them out in PromQL."""
+    """Per route: what sending it all to the route's hosted model would have cost, minus what it cost.
+    A route without a hosted target books its own cost as its baseline, so it shows no savings and no
+    loss, as in the ledger."""
     equivalent = samples.sum_by("spillgate_hosted_equivalent_usd_total", "route")
     spent = samples.sum_by("spillgate_spend_usd_total", "route")
     rows = [

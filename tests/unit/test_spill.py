@@ -120,3 +120,8 @@ def test_high_priority_takes_the_fastest_whatever_the_route_says() -> None:
     snapshot = Snapshot((replica("r0", pending=80_000), hosted("frontier", ttft=3.5)))  # nothing meets 1 s
     assert policy("reject").decide(request(priority=2), snapshot).backend == "frontier"
     assert policy("queue").decide(request(priority=2), snapshot).backend == "frontier"
+
+
+def test_a_hosted_only_route_is_not_a_spill() -> None:
+    decision = policy().decide(request(), Snapshot((hosted("frontier"),)))
+    assert (decision.backend, decision.reason) == ("frontier", "hosted")
