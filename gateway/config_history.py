@@ -23,7 +23,8 @@ class ConfigVersion:
     author: str
     """``startup``, ``file``, or the admin key id (``admin:<id>``) that made the edit or rollback."""
     raw: dict[str, Any]
-    """The config as given, secrets included: kept so a rollback restores it exactly."""
+    """The config, redacted (:func:`redact`): versions are stored and shared without secrets; a rollback
+    takes the secrets they hide from the running config."""
     diff: tuple[str, ...]
     file_sha: str | None = None
     """The config file's digest when this version was made, to tell at start-up whether it changed since."""
@@ -52,7 +53,7 @@ def file_digest(text: str) -> str:
 
 
 class LocalHistory:
-    """Every version as one JSON line in a file only the gateway's user may read (it holds secrets)."""
+    """Every version as one JSON line in a file only the gateway's user may read."""
 
     def __init__(self, path: Path) -> None:
         self._path = path

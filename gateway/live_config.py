@@ -21,7 +21,7 @@ import yaml
 
 from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, unredact
+from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
 from gateway.secrets import MissingSecret
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ class LiveConfig:
         self._lock = asyncio.Lock()
         self._file_sha = file_digest(path.read_text()) if path else None
         self._startup_raw = raw
-        self.current = ConfigVersion(0, 0.0, "startup", raw, ())
+        self._running_raw = raw
+        """The running config with its secrets: kept in memory only; versions store it redacted."""
+        self.current = ConfigVersion(0, 0.0, "startup", redact(raw), ())
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- reading -----------------------------------------------------------------------------------------
@@ -65,16 +67,16 @@ class LiveConfig:
         ``file_sha`` is the digest of the config file's new content when the edit came from the file."""
         async with self._lock:
             if isinstance(raw, dict):
-                # Start-up settings left out of an edit stay as they are.
-                kept = {key: self.current.raw[key] for key in _RESTART_ONLY if key in self.current.raw}
-                raw = kept | unredact(raw, self.current.raw)
+                # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
+                kept = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
+                raw = kept | unredact(raw, self._running_raw)
             config = self._validate(raw)
             assert isinstance(raw, dict)
             number = await self._next_number()
             if file_sha is not None:
                 self._file_sha = file_sha
-            version = new_version(number, author, raw, self.current.raw, self._file_sha)
-            self._apply(config, version)
+            version = new_version(number, author, redact(raw), self.current.raw, self._file_sha)
+            self._apply(config, version, raw)
             await self._publish(version)
             log.info("config version %d applied (%s): %d change(s)", number, author, len(version.diff))
             return version
@@ -92,7 +94,9 @@ class LiveConfig:
             raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
         return config
 
-    def _apply(self, config: GatewayConfig, version: ConfigVersion, *, record: bool = True) -> None:
+    def _apply(
+        self, config: GatewayConfig, version: ConfigVersion, raw: dict[str, Any], *, record: bool = True
+    ) -> None:
         existing = {b.name: b for b in self._state.registry}
         try:
             catalog = build_catalog(config, self._state.endpoints, existing)
@@ -104,6 +108,7 @@ class LiveConfig:
         if record:
             self._history.append(version)
         self.current = version
+        self._running_raw = raw
 
     # -- start-up, the file and other processes ------------------------------------------------------------
 
@@ -117,7 +122,9 @@ class LiveConfig:
         else:
             author = "startup" if latest is None else "file"
             number = (latest.version if latest else 0) + 1
-            version = new_version(number, author, self._startup_raw, latest.raw if latest else None, self._file_sha)
+            version = new_version(
+                number, author, redact(self._startup_raw), latest.raw if latest else None, self._file_sha
+            )
             self._history.append(version)
             self.current = version
         if self._redis is not None:
@@ -134,11 +141,12 @@ class LiveConfig:
 
     def _resume(self, latest: ConfigVersion) -> None:
         """The file is as it was at ``latest``: keep the API edits made since, as that version."""
-        if latest.raw == self._startup_raw:
+        if latest.raw == redact(self._startup_raw):
             self.current = latest
             return
+        raw = unredact(latest.raw, self._startup_raw)
         try:
-            self._apply(self._validate(latest.raw), latest, record=False)
+            self._apply(self._validate(raw), latest, raw, record=False)
         except ConfigError as exc:
             log.error("config version %d no longer applies, running the file instead: %s", latest.version, exc)
             self.current = latest
@@ -163,7 +171,7 @@ class LiveConfig:
                     "%s changed but is not valid YAML; keeping version %d: %s", self._path, self.current.version, exc
                 )
                 continue
-            if raw == self.current.raw:
+            if isinstance(raw, dict) and redact(raw) == self.current.raw:
                 self._file_sha = sha
                 continue
             try:
@@ -219,11 +227,12 @@ class LiveConfig:
             return
         fleet = ConfigVersion.from_json(text.decode() if isinstance(text, bytes) else text)
         # Start-up settings belong to each process (its own listen address and data directory).
-        local = {key: self.current.raw[key] for key in _RESTART_ONLY if key in self.current.raw}
-        raw = {key: value for key, value in fleet.raw.items() if key not in _RESTART_ONLY} | local
-        version = ConfigVersion(number, fleet.applied_at, fleet.author, raw, fleet.diff, self._file_sha)
+        local = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
+        shared = {key: value for key, value in fleet.raw.items() if key not in _RESTART_ONLY}
+        raw = unredact(shared, self._running_raw) | local
+        version = ConfigVersion(number, fleet.applied_at, fleet.author, redact(raw), fleet.diff, self._file_sha)
         try:
-            self._apply(self._validate(version.raw), version)
+            self._apply(self._validate(raw), version, raw)
         except ConfigError as exc:
             self._refused = number
             log.error("fleet config version %d cannot run here; keeping %d: %s", number, self.current.version, exc)

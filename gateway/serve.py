@@ -138,11 +138,8 @@ def _print_banner(
         lines.append(f"  hosted {hosted.name}: {hosted.model} at {where}")
     routes = ", ".join(r.name for r in config.routes)
     lines.append(f"  routes (use as 'model'): {routes}")
-    for tenant in config.tenants:
-        shown = [k for k in tenant.keys if not k.startswith(("sha256:", "os.environ/"))]
-        if shown:
-            lines.append(f"  tenant {tenant.name}: key {shown[0]}")
-    admin_keys = [k for k in config.admin.keys if not k.startswith(("sha256:", "os.environ/"))]
-    if admin_keys:
-        lines.append(f"  admin key: {admin_keys[0]}")
+    if path == DEMO_CONFIG_PATH:  # the demo's keys are public; a real config's are never printed
+        for tenant in config.tenants:
+            lines.append(f"  tenant {tenant.name}: key {tenant.keys[0]}")
+        lines += [f"  admin key: {key}" for key in config.admin.keys[:1]]
     print("\n".join(lines), flush=True)

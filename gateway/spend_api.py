@@ -43,6 +43,8 @@ def spend_router(state: GatewayState) -> APIRouter:
 
 async def _tenant_report(state: GatewayState, name: str, hours: float, bucket_s: int) -> dict[str, Any]:
     known = state.tenants.by_name.get(name)
+    if known is None and name not in await state.accountant.tenants():
+        raise ApiError(404, f"There is no tenant '{name}'.", param="tenant", code="tenant_not_found")
     limits = known.limits if known is not None else None
     report = await state.accountant.spend(name, limits) if limits else await state.accountant.spend(name)
     series = await state.accountant.series(name, hours=hours, bucket_s=bucket_s)

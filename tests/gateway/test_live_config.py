@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from tests.support.gateway import TENANT_KEY
@@ -91,7 +92,7 @@ def gateway(replicas: list[RunningProcess], tmp_path: Path) -> Iterator[tuple[Ru
 
 
 def test_admin_api_needs_an_admin_key(gateway: tuple[RunningProcess, Path]) -> None:
-    proc, _ = gateway
+    proc, path = gateway
     assert httpx.get(proc.url + "/admin/config").status_code == 401
     assert httpx.get(proc.url + "/admin/config", headers=TENANT).status_code == 403
     assert httpx.put(proc.url + "/admin/config", json={}, headers=TENANT).status_code == 403
@@ -104,6 +105,8 @@ def test_admin_api_needs_an_admin_key(gateway: tuple[RunningProcess, Path]) -> N
     assert response.status_code == 401
     shown = current(proc)
     assert shown["version"] == 1
+    stored = (path.parent / "data" / "config-history.jsonl").read_text()
+    assert TENANT_KEY not in stored and ADMIN_KEY not in stored, "versions are stored without secrets"
     assert TENANT_KEY not in str(shown) and ADMIN_KEY not in str(shown)
     assert shown["config"]["tenants"][0]["keys"][0].startswith("sha256:")
 
@@ -229,6 +232,8 @@ def test_every_process_applies_the_same_version_through_redis(
         config["routes"][0]["targets"] = ["green"]
         version = put(one, config).json()["version"]
         eventually(lambda: current(two)["version"] == version, timeout=5)
+        shared = str(redis.Redis.from_url(redis_url).hgetall(f"{state['key_prefix']}:config:versions"))
+        assert TENANT_KEY not in shared and ADMIN_KEY not in shared, "versions are shared without secrets"
         assert backend_of(two) == "green-0"
         # Versions are numbered fleet-wide: an edit on the other process comes next. Start-up settings
         # (here each process's own data directory) may be left out of an edit.

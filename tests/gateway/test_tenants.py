@@ -116,6 +116,10 @@ def test_tenants_read_only_their_own_spend(gateway: RunningProcess) -> None:
     everyone = spend(gateway, ADMIN_KEY, "/admin/spend")
     names = {t["tenant"] for t in everyone["tenants"]}
     assert {"acme", "other", "limited", "budget"} <= names
+    unknown = httpx.get(
+        gateway.url + "/admin/spend", params={"tenant": "nosuch"}, headers={"authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "tenant"
     one = spend(gateway, ADMIN_KEY, "/admin/spend", tenant="other")
     assert one["tenant"] == "other" and one["series"], "a per-minute series comes with one tenant's report"
 
