@@ -34,7 +34,7 @@ def dashboard_router(state: GatewayState) -> APIRouter:
     async def data(
         request: Request,
         window_s: int = Query(3600, ge=60, le=31 * 86400),
-        bucket_s: int = Query(60, ge=1, le=86400),
+        bucket_s: int = Query(60, ge=60, le=86400, multiple_of=60, description="whole minutes, as the ledger keeps"),
     ) -> Response:
         viewer = state.tenants.authenticate_any(request.headers.get("authorization"))
         if window_s / bucket_s > MAX_POINTS:

@@ -4,7 +4,7 @@
 import { PALETTE, columns, hbars, legend, timeColumns, timeLines } from "./charts.js";
 
 const KEY = "spillgate.dashboard.key";
-const BUCKETS = { 900: 15, 3600: 60, 21600: 300, 86400: 900 };
+const BUCKETS = { 900: 60, 3600: 60, 21600: 300, 86400: 900 }; // whole minutes: the ledger keeps minutes
 const KINDS = [
   { key: "replica", name: "self-hosted", color: PALETTE[0] },
   { key: "hosted", name: "hosted", color: PALETTE[1] },
