@@ -9,6 +9,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from policies.engine import with_weights
+from policies.registry import build_policy
+
 DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
 
 PolicyName = Literal["round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware"]
@@ -139,6 +142,8 @@ class RouteConfig(Strict):
     targets: list[Name] = Field(min_length=1)
     policy: PolicyName = "least_load"
     """How replicas are ranked; with hosted targets too, the cheapest candidate meeting the SLO wins."""
+    weights: dict[str, Annotated[float, Field(ge=0, le=1000)]] = Field(default_factory=dict)
+    """Scorer weights overriding the policy's defaults, by scorer name (``predicted_ttft``, ``prefix_hit``...)."""
     spill: SpillConfig = SpillConfig()
 
 
@@ -251,6 +256,10 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     problems += _duplicates("tenants", "tenant", [t.name for t in config.tenants])
     known = set(targets)
     for i, route in enumerate(config.routes):
+        try:
+            with_weights(build_policy(route.policy), route.weights)
+        except KeyError as exc:
+            problems.append((f"routes.{i}.weights", str(exc.args[0])))
         for j, target in enumerate(route.targets):
             if target not in known:
                 problems.append((f"routes.{i}.targets.{j}", f"unknown target {target!r}; known: {sorted(known)}"))

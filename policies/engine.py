@@ -6,8 +6,9 @@ code runs in the live gateway, in tests and in offline simulation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from policies.types import BackendState, Decision, NoCandidate, RouteRequest, Snapshot
@@ -73,3 +74,23 @@ class Policy:
             reason=self.reasoner.reason(request, ranked[0]),
             ranked=tuple(b.name for b in ranked),
         )
+
+
+def scorer_name(scorer: Scorer) -> str:
+    """The name a config uses for a scorer: its class name in snake case, without ``Scorer``
+    (``PredictedTTFTScorer`` -> ``predicted_ttft``)."""
+    base = type(scorer).__name__.removesuffix("Scorer")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", base).lower()
+
+
+def with_weights(policy: Policy, weights: Mapping[str, float]) -> Policy:
+    """``policy`` with some scorers' weights replaced; raises ``KeyError`` naming any unknown scorer."""
+    names = [scorer_name(weighted.scorer) for weighted in policy.scorers]
+    unknown = sorted(set(weights) - set(names))
+    if unknown:
+        raise KeyError(f"{policy.name} has no scorer {unknown[0]!r}; its scorers: {names}")
+    scorers = tuple(
+        WeightedScorer(weighted.scorer, weights.get(name, weighted.weight))
+        for name, weighted in zip(names, policy.scorers, strict=True)
+    )
+    return replace(policy, scorers=scorers)

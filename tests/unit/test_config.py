@@ -109,3 +109,18 @@ def test_one_key_cannot_belong_to_two_tenants_or_be_an_admin_key() -> None:
     with pytest.raises(ConfigError) as info:
         TenantDirectory(tenants[:1], required=True, route_aliases={}, admin=AdminConfig(keys=["sk-shared-key"]))
     assert info.value.problems == [("admin.keys.0", "an admin key must not also be a tenant key")]
+
+
+def test_route_weights_are_checked_against_the_policys_scorers() -> None:
+    from gateway.routes import build_routes
+    from policies.engine import scorer_name
+
+    route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "weights": {"prefix_hit": 0.5}}
+    config = parse_config({**MINIMAL, "routes": [route]})
+    policy = build_routes(config, {"p": ["p-0"]}, {})["r"].policy
+    weights = {scorer_name(w.scorer): w.weight for w in policy.scorers}  # type: ignore[union-attr]
+    assert weights["prefix_hit"] == 0.5
+    with pytest.raises(ConfigError) as info:
+        parse_config({**MINIMAL, "routes": [{**route, "weights": {"telepathy": 1.0}}]})
+    path, message = info.value.problems[0]
+    assert path == "routes.0.weights" and "telepathy" in message and "prefix_hit" in message
