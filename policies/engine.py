@@ -85,6 +85,8 @@ def scorer_name(scorer: Scorer) -> str:
 
 def with_weights(policy: Policy, weights: Mapping[str, float]) -> Policy:
     """``policy`` with some scorers' weights replaced; raises ``KeyError`` naming any unknown scorer."""
+    if not weights:
+        return policy
     names = [scorer_name(weighted.scorer) for weighted in policy.scorers]
     unknown = sorted(set(weights) - set(names))
     if unknown:

@@ -10,6 +10,7 @@ from policies.plugins import (
     LeastLoadScorer,
     PowerOfTwoPicker,
     PredictedTTFTScorer,
+    PrefixAffinityScorer,
     PrefixHitScorer,
     PrefixReason,
     RotatingPicker,
@@ -30,6 +31,12 @@ def build_policy(name: str) -> Policy:
     if name == "consistent_hash":
         return Policy(name, healthy, (), ConsistentHashPicker(), FixedReason(name), uses_prefix=True)
     if name == "cache_aware":
-        scorers = (WeightedScorer(PredictedTTFTScorer(), 1.0), WeightedScorer(PrefixHitScorer(), 0.01))
+        # Affinity outweighs the others together (2.01): a guard inside it, not a trade-off, decides moves.
+        scorers = (
+            WeightedScorer(PrefixAffinityScorer(), 4.0),
+            WeightedScorer(PredictedTTFTScorer(), 1.0),
+            WeightedScorer(LeastLoadScorer(), 1.0),
+            WeightedScorer(PrefixHitScorer(), 0.01),
+        )
         return Policy(name, healthy, scorers, BestScorePicker(), PrefixReason("least_ttft"), uses_prefix=True)
     raise KeyError(name)

@@ -263,12 +263,14 @@ def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: floa
     }
 
 
-def start_spillgate(cluster: Cluster, policy: str) -> Relay:
+def start_spillgate(cluster: Cluster, policy: str, trace: Path | None = None) -> Relay:
+    """The gateway over the cluster; with ``trace``, one JSON line per request there (``trace_gateway``)."""
     port = free_port()
     config = gateway_config(cluster.urls, policy, port, cluster.time_scale)
     path = cluster.log_dir / f"spillgate-{policy}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)]
+    entry = ["gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
+    argv = [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(port)]
     service = start(f"spillgate-{policy}", argv, cluster.log_dir)
     relay = Relay("spillgate", policy, service, f"http://127.0.0.1:{port}", ROUTE, API_KEY, " ".join(argv), config)
     try:

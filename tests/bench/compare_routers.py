@@ -78,6 +78,8 @@ class Settings:
     router_note: str
     work_dir: Path
     sweep_rates: dict[str, list[float]] = field(default_factory=dict)
+    trace_dir: Path | None = None
+    """Where to keep per-request data: the client's results for every run, the gateway's decisions for spillgate."""
 
     def slo(self) -> tuple[float, float]:
         return SLO_TTFT_MS, SLO_TPOT_MS
@@ -94,17 +96,47 @@ def _exit_on_sigterm(signum: int, _frame: object) -> NoReturn:
 # Runs -----------------------------------------------------------------------------------------------
 
 
-def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str) -> Relay:
+def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str, trace: Path | None = None) -> Relay:
     if router == "sglang-router":
         assert settings.router_python is not None
         return start_router(settings.router_python, cluster, policy)
-    return start_spillgate(cluster, policy)
+    return start_spillgate(cluster, policy, trace)
+
+
+def _trace_path(settings: Settings, router: str, policy: str, spec: WorkloadSpec, kind: str) -> Path | None:
+    if settings.trace_dir is None:
+        return None
+    settings.trace_dir.mkdir(parents=True, exist_ok=True)
+    return settings.trace_dir / f"{router}-{policy}-{spec.name}-{kind}.jsonl"
+
+
+def _write_client_results(path: Path | None, level: Any, time_scale: float) -> None:
+    """Each request as the client saw it, times in simulated seconds."""
+    if path is None:
+        return
+    with path.open("w") as out:
+        for r in level.results:
+            row = {
+                "start": r.start / time_scale,
+                "ok": r.ok,
+                "backend": r.backend,
+                "reason": r.reason,
+                "ttft": None if r.ttft is None else r.ttft / time_scale,
+                "e2e": r.e2e / time_scale,
+                "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+                "error": r.error,
+            }
+            out.write(json.dumps(row) + "\n")
 
 
 def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec) -> RunFigures:
     """One cell group: a fresh router, flushed caches, the workload, the replicas' counters around it."""
     wait_for_quiet()
-    relay = start_relay(settings, cluster, router, policy)
+    trace = _trace_path(settings, router, policy, spec, "gateway")
+    if trace is not None:
+        trace.unlink(missing_ok=True)
+    relay = start_relay(settings, cluster, router, policy, trace)
     try:
         cluster.flush()
         before = cluster.counters()
@@ -127,6 +159,7 @@ def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec
     finally:
         relay.service.stop()
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
+    _write_client_results(_trace_path(settings, router, policy, spec, "client"), result.levels[0], settings.time_scale)
     slo = Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms)
     fig = figures(result.levels[0], deltas, slo=slo, time_scale=settings.time_scale, wall_s=wall)
     fig.cpu_own_cores, fig.cpu_other_cores = cpu
@@ -366,6 +399,7 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
         router_python=python,
         router_note=note,
         work_dir=work_dir,
+        trace_dir=Path(args.trace_dir) if args.trace_dir else None,
     )
 
 
@@ -481,6 +515,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-requests", type=int, default=300, help="trace:PATH: its first N records")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
     parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router rows")
+    parser.add_argument(
+        "--trace-dir",
+        metavar="DIR",
+        help="keep per-request data in DIR: the client's view of every run, spillgate's decisions (trace_gateway)",
+    )
     parser.add_argument(
         "--find-rate", action="store_true", help="sweep rates through the cache-aware reference and suggest one"
     )

@@ -106,3 +106,70 @@ def test_registry_snapshot_maps_every_field() -> None:
         "usd_per_mtok_out": 0.2,
         "outstanding_tokens": 0,
     }
+
+
+# cache_aware: prefix affinity with a load guard, then predicted TTFT ---------------------------------
+
+
+def prompt(tokens: int = 2200, sequence: int = 0) -> RouteRequest:
+    return RouteRequest(tenant="t", route="r", prompt_tokens=tokens, max_tokens=64, stream=True, sequence=sequence)
+
+
+def replica(name: str, *, pending: int = 0, prefix: int = 0, in_flight: int = 0) -> BackendState:
+    return BackendState(
+        name, "replica", in_flight=in_flight, pending_prefill_tokens=pending, prefix_tokens=prefix,
+        prefill_tokens_per_s=20000.0,
+    )  # fmt: skip
+
+
+def test_cache_aware_stays_warm_while_the_warm_queue_is_moderately_longer() -> None:
+    """Moving would recompute 2k tokens; a cold replica a few times faster is not worth the cluster's work."""
+    snap = Snapshot(
+        (replica("warm", pending=8000, prefix=2048, in_flight=30), replica("cold"), replica("cold2", pending=500))
+    )
+    decision = build_policy("cache_aware").decide(prompt(), snap)
+    assert decision.backend == "warm"
+    assert decision.reason == "prefix_hit"
+    assert set(decision.ranked) == {"warm", "cold", "cold2"}, "every healthy candidate stays a fallback"
+    assert decision.ranked[1] == "cold", "the rest in predicted-TTFT order"
+
+
+def test_cache_aware_moves_when_the_warm_replica_is_several_times_slower() -> None:
+    snap = Snapshot((replica("warm", pending=60000, prefix=2048), replica("cold", pending=1000)))
+    decision = build_policy("cache_aware").decide(prompt(), snap)
+    assert decision.backend == "cold"
+    assert decision.reason == "least_ttft"
+
+
+def test_cache_aware_prefers_the_longest_prefix_among_warm_replicas() -> None:
+    """A replica holding only the system prompt is not as good as the one holding the whole conversation."""
+    snap = Snapshot((replica("session", pending=3000, prefix=3000), replica("system", prefix=1000), replica("cold")))
+    assert build_policy("cache_aware").decide(prompt(4200), snap).backend == "session"
+
+
+def test_cache_aware_places_cold_prompts_by_pending_prefill() -> None:
+    snap = Snapshot((replica("a", pending=5000), replica("b", pending=1000), replica("c", pending=3000)))
+    decision = build_policy("cache_aware").decide(prompt(), snap)
+    assert decision.backend == "b"
+    assert decision.ranked == ("b", "c", "a")
+
+
+def test_cache_aware_ignores_a_short_shared_prefix() -> None:
+    """A chat template's few shared tokens are no reason to queue behind a busy replica."""
+    snap = Snapshot((replica("template", pending=8000, prefix=64), replica("idle")))
+    assert build_policy("cache_aware").decide(prompt(), snap).backend == "idle"
+
+
+def test_cache_aware_spreads_a_hot_prefix_when_its_replica_has_no_free_slot() -> None:
+    busy = BackendState(
+        "warm", "replica", in_flight=12, prefix_tokens=2048, prefill_tokens_per_s=20000.0, max_running=4,
+        outstanding_tokens=12 * 256, tpot_s=0.02,
+    )  # fmt: skip
+    idle = BackendState("cold", "replica", prefill_tokens_per_s=20000.0, max_running=4)
+    assert build_policy("cache_aware").decide(prompt(), Snapshot((busy, idle))).backend == "cold"
+
+
+def test_cache_aware_settles_new_prefixes_where_fewer_requests_will_come_back() -> None:
+    """Equal prefill queues: the replica holding fewer requests (conversations that return) gets the new one."""
+    snap = Snapshot((replica("crowded", pending=2000, in_flight=30), replica("quiet", pending=2000, in_flight=10)))
+    assert build_policy("cache_aware").decide(prompt(), snap).backend == "quiet"
