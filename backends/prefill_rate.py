@@ -2,8 +2,10 @@
 
 A request that found the replica idle has ``TTFT = overhead + uncached_tokens / rate``. A least-squares line
 through the recent such samples gives the rate (its slope's inverse) without the fixed overhead biasing it,
-which a plain tokens/TTFT ratio would. Until enough samples spread over different prompt lengths exist, the
-configured prior is used.
+which a plain tokens/TTFT ratio would. While the recent samples are all about the same length the slope
+cannot be told from the overhead, so the ratio is used: it predicts exactly the TTFT of prompts like those
+(overhead included) and errs on the slow side for longer ones. Until enough samples exist, the configured
+prior is used.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class PrefillRateEstimator:
         mean_y = sum(y for _, y in self._samples) / count
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples) / count
         if var_x < _MIN_SPREAD_TOKENS**2:
-            return  # all prompts about the same length: the slope is not identifiable yet
+            self.rate = mean_x / mean_y  # same-length prompts: the slope is not identifiable, the ratio is
+            return
         cov = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / count
         seconds_per_token = cov / var_x
         if seconds_per_token > 0:

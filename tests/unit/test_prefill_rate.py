@@ -16,10 +16,12 @@ def test_recovers_rate_despite_fixed_overhead_and_noise() -> None:
     assert 45_000 < estimator.rate < 55_000
 
 
-def test_keeps_the_prior_until_lengths_spread() -> None:
+def test_same_length_prompts_learn_the_ratio_after_enough_samples() -> None:
     estimator = PrefillRateEstimator(prior_tokens_per_s=20_000)
-    for _ in range(20):
-        estimator.observe(1000, 0.05)
-    assert estimator.rate == 20_000
+    for _ in range(7):
+        estimator.observe(10_000, 0.32)
+    assert estimator.rate == 20_000, "the prior holds until enough samples exist"
+    estimator.observe(10_000, 0.32)
+    assert 31_000 < estimator.rate < 31_500, "10,000 tokens in 0.32 s, overhead included"
     estimator.observe(0, 1.0)
-    assert estimator.rate == 20_000
+    assert 31_000 < estimator.rate < 31_500, "samples without uncached tokens say nothing"
