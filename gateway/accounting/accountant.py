@@ -152,7 +152,13 @@ class Accountant:
         self._in_background(self.release(reservation, entry))
 
     def record_soon(self, entry: LedgerEntry) -> None:
-        """:meth:`record` from synchronous code, like :meth:`settle_soon`."""
+        """:meth:`record` from synchronous code, like :meth:`settle_soon`. Embedded, nothing awaits, so it is
+        done at once: no task per request on the hot path."""
+        if self.shared is None:
+            entry = entry.with_id(new_id())
+            self.local.add_spend(entry)
+            self._book(entry, False, None)
+            return
         self._in_background(self.record(entry))
 
     def _in_background(self, work: Coroutine[None, None, None]) -> None:

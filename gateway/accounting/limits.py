@@ -6,6 +6,7 @@ add and subtract exactly: floats would drift after millions of reserve/settle pa
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -89,7 +90,13 @@ def utc(now: float) -> datetime:
 
 
 def day_tag(now: float) -> str:
-    return utc(now).strftime("%Y%m%d")
+    return _day_tag(int(now // 86_400))
+
+
+@functools.lru_cache(maxsize=64)
+def _day_tag(day: int) -> str:
+    """Per UTC day number: formatting a date costs microseconds, and every request books one."""
+    return utc(day * 86_400.0).strftime("%Y%m%d")
 
 
 def month_tag(now: float) -> str:
