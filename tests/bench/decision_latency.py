@@ -15,6 +15,7 @@ import statistics
 import time
 
 from backends.registry import Backend, BackendRegistry
+from gateway.config import PrefixConfig
 from gateway.prefix import PrefixTracker
 from policies.registry import build_policy
 from policies.types import RouteRequest
@@ -30,7 +31,8 @@ def main() -> None:
 
     rng = random.Random(7)
     names = [f"r{i}" for i in range(args.replicas)]
-    tracker = PrefixTracker(block_chars=256, max_blocks=512)
+    defaults = PrefixConfig()  # the gateway's own defaults
+    tracker = PrefixTracker(block_chars=defaults.block_chars, max_blocks=defaults.max_blocks)
     for name in names:
         tracker.capacity_known(name, 500_000)
     policy = build_policy("cache_aware")
