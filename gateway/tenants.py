@@ -32,7 +32,6 @@ class Tenant:
     """Rate limits and budgets, reserved before each request is sent."""
     hosted_over_budget: str = "self_hosted"
     """Past a hosted budget: ``self_hosted`` keeps serving on replicas, ``reject`` answers 429."""
-    config: TenantConfig | None = None
 
     def may_use(self, route: str) -> bool:
         return "*" in self.routes or route in self.routes
@@ -112,11 +111,6 @@ class TenantDirectory:
             raise ConfigError("; ".join(f"{path}: {message}" for path, message in problems), problems)
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))
 
-    @property
-    def dedicated_pools(self) -> frozenset[str]:
-        """Pools reserved to one tenant each: no other tenant's request may go there."""
-        return frozenset(p for t in self.by_name.values() for p in t.dedicated_pools)
-
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant for an ``Authorization`` header; 401 alike for a missing, malformed or unknown key."""
         key = _bearer(authorization)
@@ -179,5 +173,4 @@ def _tenant_from(config: TenantConfig, route_aliases: dict[str, str]) -> Tenant:
             hosted_usd_per_month=config.budget.hosted_usd_per_month,
         ),
         hosted_over_budget=config.budget.on_hosted_exceeded,
-        config=config,
     )

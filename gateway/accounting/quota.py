@@ -180,17 +180,16 @@ class LocalQuota:
             window.held += usd
             if hosted:
                 window.hosted_held += usd
-        return Reservation(
-            id=new_id(),
-            tenant=tenant,
+        return Reservation.made(
+            new_id(),
+            tenant,
+            limits,
             tokens=tokens,
             worst_case_usd=worst_case_usd,
             hosted=hosted,
             at=now,
             day=day,
             month=month,
-            requests_per_minute=limits.requests_per_minute,
-            tokens_per_minute=limits.tokens_per_minute,
             shared=False,
         )
 

@@ -166,17 +166,16 @@ class RedisQuota:
         self.local.adopt(tenant, "d" + day, int(reply[1]), int(reply[3]))
         self.local.adopt(tenant, "m" + month, int(reply[2]), int(reply[4]))
         self.local.adopt_rates(tenant, float(reply[5] or 0) / 1e6, float(reply[6] or 0) / 1e6)
-        return Reservation(
-            id=hold_id,
-            tenant=tenant,
+        return Reservation.made(
+            hold_id,
+            tenant,
+            limits,
             tokens=tokens,
             worst_case_usd=worst_case_usd,
             hosted=hosted,
             at=now,
             day=day,
             month=month,
-            requests_per_minute=limits.requests_per_minute,
-            tokens_per_minute=limits.tokens_per_minute,
             shared=True,
         )
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .limits import TenantLimits
 
 BackendKind = Literal["replica", "hosted"]
 
@@ -34,6 +37,36 @@ class Reservation:
     tokens_per_minute: int | None
     shared: bool
     """Held in Redis (True) or in this process's counters (False: embedded mode, or during an outage)."""
+
+    @classmethod
+    def made(
+        cls,
+        id: str,
+        tenant: str,
+        limits: TenantLimits,
+        *,
+        tokens: int,
+        worst_case_usd: float,
+        hosted: bool,
+        at: float,
+        day: str,
+        month: str,
+        shared: bool,
+    ) -> Reservation:
+        """A reservation under ``limits``, whose rate limits travel with it to be given back exactly."""
+        return cls(
+            id,
+            tenant,
+            tokens,
+            worst_case_usd,
+            hosted,
+            at,
+            day,
+            month,
+            limits.requests_per_minute,
+            limits.tokens_per_minute,
+            shared,
+        )
 
 
 @dataclass(frozen=True)

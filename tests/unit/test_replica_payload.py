@@ -11,7 +11,7 @@ def tenant(isolation: str) -> Tenant:
     config = TenantConfig(
         name="acme", keys=["sk-test-key"], isolation=isolation, dedicated_pools=["p"] * (isolation == "dedicated")
     )
-    return Tenant("acme", frozenset({"*"}), isolation=config.isolation, config=config)
+    return Tenant("acme", frozenset({"*"}), isolation=config.isolation)
 
 
 def test_fields_that_reach_other_hosts_or_jump_the_queue_are_dropped() -> None:
