@@ -74,6 +74,7 @@ class Settings:
     duration_s: float
     specs: list[WorkloadSpec]
     spillgate_policies: list[str]
+    router_policies: list[str]
     router_python: str | None
     router_note: str
     work_dir: Path
@@ -207,7 +208,7 @@ def best_hit_rates(settings: Settings) -> tuple[dict[str, float | None], list[st
 def plan(settings: Settings) -> list[tuple[str, str]]:
     rows = []
     if settings.router_python is not None:
-        rows += [("sglang-router", policy) for policy in ROUTER_POLICIES]
+        rows += [("sglang-router", policy) for policy in settings.router_policies]
     rows += [("spillgate", policy) for policy in settings.spillgate_policies]
     return rows
 
@@ -386,6 +387,10 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
     unknown = sorted(set(policies) - set(SPILLGATE_POLICIES))
     if unknown:
         raise ValueError(f"unknown spillgate policies {unknown}; choose from {', '.join(SPILLGATE_POLICIES)}")
+    router_policies = [p.strip() for p in args.router_policies.split(",") if p.strip()]
+    unknown = sorted(set(router_policies) - set(ROUTER_POLICIES))
+    if unknown:
+        raise ValueError(f"unknown sglang-router policies {unknown}; choose from {', '.join(ROUTER_POLICIES)}")
     python, note = (None, "--skip-router") if args.skip_router else router_env.router_python()
     if python is None and not args.skip_router:
         _progress(f"sglang-router rows skipped: {note}")
@@ -396,6 +401,7 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
         duration_s=args.duration,
         specs=specs,
         spillgate_policies=policies,
+        router_policies=router_policies,
         router_python=python,
         router_note=note,
         work_dir=work_dir,
@@ -514,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--trace-requests", type=int, default=300, help="trace:PATH: its first N records")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
+    parser.add_argument(
+        "--router-policies", default=",".join(ROUTER_POLICIES), help="sglang-router policies to run"
+    )
     parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router rows")
     parser.add_argument(
         "--trace-dir",
