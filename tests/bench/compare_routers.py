@@ -520,9 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--trace-requests", type=int, default=300, help="trace:PATH: its first N records")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
-    parser.add_argument(
-        "--router-policies", default=",".join(ROUTER_POLICIES), help="sglang-router policies to run"
-    )
+    parser.add_argument("--router-policies", default=",".join(ROUTER_POLICIES), help="sglang-router policies to run")
     parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router rows")
     parser.add_argument(
         "--trace-dir",
