@@ -14,17 +14,9 @@ from gateway.bench.config import BenchConfig
 from gateway.bench.report import to_json as bench_json
 from gateway.bench.stats import Distribution, Summary
 from gateway.cli import main
-from gateway.plan import (
-    GPUS,
-    MODELS,
-    OperatingPoint,
-    PlanError,
-    Traffic,
-    ceil_count,
-    fleet,
-    memory,
-    point_from_bench,
-)
+from gateway.plan.bench_report import point_from_bench
+from gateway.plan.estimate import ceil_count, fleet, memory
+from gateway.plan.inputs import GPUS, MODELS, OperatingPoint, PlanError, Traffic
 from tests.support.procs import REPO_ROOT
 
 # The worked example (../shared/seed/): a RAG assistant on Llama 3.1 70B in FP8, TP 2 over 80 GB H100s,
