@@ -66,29 +66,33 @@ class Backend:
 
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
         load = self.load
-        # Positional: built once per candidate per request, and keywords cost twice as much.
-        return BackendState(
-            self.name,
-            self.kind,
-            self.healthy and now >= self.unhealthy_until,
-            self.in_flight,
-            load.running,
-            load.queued,
-            load.token_usage,
-            load.cache_hit_rate,
-            self.max_total_tokens,
-            prefix_tokens,
-            self.pending_prefill_tokens,
-            self.prefill.rate,
-            self.max_running,
-            self.mean_service_s,
-            self.tier,
-            self.context_window,
-            self.ttft_s,
-            self.tpot_s,
-            self.usd_per_mtok_in,
-            self.usd_per_mtok_out,
-            self.outstanding_tokens,
+        # Built once per candidate per request: positional, in BackendState's field order, through tuple.__new__
+        # (what the named tuple's own constructor calls after binding 21 arguments, which costs twice as much).
+        return _new_state(
+            BackendState,
+            (
+                self.name,
+                self.kind,
+                self.healthy and now >= self.unhealthy_until,
+                self.in_flight,
+                load.running,
+                load.queued,
+                load.token_usage,
+                load.cache_hit_rate,
+                self.max_total_tokens,
+                prefix_tokens,
+                self.pending_prefill_tokens,
+                self.prefill.rate,
+                self.max_running,
+                self.mean_service_s,
+                self.tier,
+                self.context_window,
+                self.ttft_s,
+                self.tpot_s,
+                self.usd_per_mtok_in,
+                self.usd_per_mtok_out,
+                self.outstanding_tokens,
+            ),
         )
 
     def observe_service_time(self, seconds: float) -> None:
@@ -101,6 +105,9 @@ class Backend:
             self.ttft_s = _ewma(self.ttft_s, ttft_s)
         if tpot_s is not None:
             self.tpot_s = _ewma(self.tpot_s, tpot_s)
+
+
+_new_state = tuple.__new__
 
 
 def _ewma(current: float, sample: float, weight: float = 0.1) -> float:
@@ -147,8 +154,9 @@ class BackendRegistry:
 
     def snapshot(self, names: Iterable[str], prefix_tokens: Mapping[str, int] | None = None) -> Snapshot:
         now = time.monotonic()
-        hits = prefix_tokens or {}
-        return Snapshot(tuple(self._backends[n].state(now, hits.get(n, 0)) for n in names))
+        backends = self._backends
+        hits = (prefix_tokens or {}).get
+        return Snapshot(tuple([backends[n].state(now, hits(n, 0)) for n in names]))
 
     def any_healthy(self) -> bool:
         now = time.monotonic()

@@ -9,6 +9,7 @@ models) never match each other's prefixes.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -50,14 +51,16 @@ def block_hashes(
     text: str, seed: int, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
 ) -> list[int]:
     """Chained hashes of the full blocks of ``text`` (a trailing partial block is not a shared prefix yet)."""
-    data = memoryview(text.encode())  # slices of a memoryview are views, not copies
+    data = text.encode()
     count = min(len(data) // block_chars, max_blocks)
-    hashes = [0] * count
+    hashes: list[int] = []
+    append = hashes.append
     digest = xxhash.xxh3_64_intdigest
     previous = seed
-    for index in range(count):
-        start = index * block_chars
-        previous = hashes[index] = digest(data[start : start + block_chars], previous)
+    # iter_unpack cuts the blocks in C: about a quarter faster than slicing bytes or a memoryview per block.
+    for (block,) in struct.iter_unpack(f"{block_chars}s", memoryview(data)[: count * block_chars]):
+        previous = digest(block, previous)
+        append(previous)
     return hashes
 
 

@@ -58,16 +58,20 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         """How many leading blocks of ``hashes`` each of ``replicas`` holds."""
-        wanted = {name: self._replicas[name].bit for name in replicas if name in self._replicas}
-        depths = dict.fromkeys(wanted, 0)
+        known = self._replicas
+        depths: dict[str, int] = {}
         mask = 0
-        for bit in wanted.values():
-            mask |= 1 << bit
-        holders = self._holders
+        for name in replicas:
+            entry = known.get(name)
+            if entry is not None:
+                depths[name] = 0
+                mask |= 1 << entry.bit
+        get = self._holders.get
         for depth, block in enumerate(hashes):
-            held = holders.get(block, 0) & mask
+            held = get(block, 0) & mask
             if held != mask:
-                self._record_depths(mask & ~held, depth, depths)
+                if depth:  # replicas lost at the first block keep their 0
+                    self._record_depths(mask & ~held, depth, depths)
                 mask = held
                 if not mask:
                     return depths
@@ -79,13 +83,15 @@ class PrefixIndex:
         entry = self._replicas[replica]
         bit = 1 << entry.bit
         lru = entry.lru
+        touch = lru.move_to_end
         holders = self._holders
+        get = holders.get
         for block in reversed(hashes):
             if block in lru:
-                lru.move_to_end(block)
+                touch(block)
             else:
                 lru[block] = None
-                holders[block] = holders.get(block, 0) | bit
+                holders[block] = get(block, 0) | bit
         self._evict(entry)
 
     def knows(self, replica: str) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from policies.plugins import Candidates
 from policies.types import BackendState, Decision, NoCandidate, RouteRequest, Snapshot
 
 
@@ -21,7 +22,7 @@ class Filter(Protocol):
 class Scorer(Protocol):
     """Scores every candidate at once in [0, 1], higher is better; at once so scores can be relative."""
 
-    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]: ...
+    def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]: ...
 
 
 class Picker(Protocol):
@@ -59,21 +60,19 @@ class Policy:
     """Whether decisions read prefix-cache state, so the gateway fingerprints prompts only when needed."""
 
     def decide(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
-        candidates = list(snapshot.backends)
+        backends = list(snapshot.backends)
         for filter_ in self.filters:
-            candidates = [b for b in candidates if filter_.keep(request, b)]
-        if not candidates:
+            keep = filter_.keep
+            backends = [b for b in backends if keep(request, b)]
+        if not backends:
             raise NoCandidate(f"no healthy backend for route {request.route!r}")
-        totals = [0.0] * len(candidates)
+        candidates = Candidates(request, backends)
+        totals = [0.0] * len(backends)
         for weighted in self.scorers:
             weight = weighted.weight
             totals = [t + weight * s for t, s in zip(totals, weighted.scorer.scores(request, candidates), strict=True)]
-        ranked = self.picker.rank(request, list(zip(totals, candidates, strict=True)))
-        return Decision(
-            backend=ranked[0].name,
-            reason=self.reasoner.reason(request, ranked[0]),
-            ranked=tuple(b.name for b in ranked),
-        )
+        ranked = self.picker.rank(request, list(zip(totals, backends, strict=True)))
+        return Decision(ranked[0].name, self.reasoner.reason(request, ranked[0]), tuple([b.name for b in ranked]))
 
 
 def scorer_name(scorer: Scorer) -> str:

@@ -6,6 +6,7 @@ import bisect
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import xxhash
 
@@ -28,9 +29,11 @@ class LeastLoadScorer:
     conversations and prompt groups that will come back to it, which its pending prefill alone does not show.
     """
 
-    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
-        # BackendState.load, inlined: this runs per candidate per request.
-        loads = [max(b.in_flight, b.running + b.queued) for b in candidates]
+    def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
+        # BackendState.load, inlined (and max() too): this runs per candidate per request.
+        loads = [
+            b.in_flight if b.in_flight >= b.running + b.queued else b.running + b.queued for b in candidates.backends
+        ]
         busiest = max(loads)
         if not busiest:
             return [1.0] * len(loads)
@@ -59,6 +62,28 @@ def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
     return prefill + over * remaining_s / max(1, backend.max_running)
 
 
+class Candidates:
+    """The backends one decision chooses among, and per-backend figures that several scorers read.
+
+    The affinity guard and the TTFT scorer both need every candidate's predicted TTFT: computed here once per
+    decision, on first use, rather than once per scorer. Still a pure function of the request and the snapshot.
+    """
+
+    __slots__ = ("_ttfts", "backends", "request")
+
+    def __init__(self, request: RouteRequest, backends: list[BackendState]) -> None:
+        self.request = request
+        self.backends = backends
+        self._ttfts: list[float] | None = None
+
+    def predicted_ttfts(self) -> list[float]:
+        """:func:`predicted_ttft` of each backend, in order."""
+        if self._ttfts is None:
+            request = self.request
+            self._ttfts = [predicted_ttft(request, b) for b in self.backends]
+        return self._ttfts
+
+
 @dataclass(frozen=True, slots=True)
 class PredictedTTFTScorer:
     """Prefers the lowest predicted TTFT plus the prefill work the choice costs everyone else.
@@ -72,11 +97,12 @@ class PredictedTTFTScorer:
 
     work_weight: float = 1.0
 
-    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
+    def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
+        prompt = request.prompt_tokens
+        work_weight = self.work_weight
         costs = [
-            predicted_ttft(request, b)
-            + self.work_weight * max(0, request.prompt_tokens - b.prefix_tokens) / b.prefill_tokens_per_s
-            for b in candidates
+            ttft + work_weight * (prompt - b.prefix_tokens if prompt > b.prefix_tokens else 0) / b.prefill_tokens_per_s
+            for ttft, b in zip(candidates.predicted_ttfts(), candidates.backends, strict=True)
         ]
         best = min(costs)
         return [best / c if c > 0 else 1.0 for c in costs]
@@ -106,23 +132,20 @@ class PrefixAffinityScorer:
     max_slowdown: float = 8.0
     slack_tokens: int = 64
 
-    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
-        prompt = request.prompt_tokens
-        longest = max(b.prefix_tokens for b in candidates)
-        if longest <= 0 or longest < self.min_share * prompt:
-            return [0.0] * len(candidates)
+    def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
+        prefixes = [b.prefix_tokens for b in candidates.backends]
+        longest = max(prefixes)
+        if longest <= 0 or longest < self.min_share * request.prompt_tokens:
+            return [0.0] * len(prefixes)
         floor = longest - self.slack_tokens
-        warm = [b.prefix_tokens >= floor for b in candidates]
-        affinity = [1.0 if w else 0.0 for w in warm]
-        cold = [b for b, w in zip(candidates, warm, strict=True) if not w]
-        if not cold:
-            return affinity
-        limit = min(predicted_ttft(request, b) for b, w in zip(candidates, warm, strict=True) if w) / self.max_slowdown
-        # A cold replica needs at least its own prefill of the prompt: the full prediction only when that allows it.
-        if all((prompt - b.prefix_tokens) / b.prefill_tokens_per_s >= limit for b in cold):
-            return affinity
-        if min(predicted_ttft(request, b) for b in cold) < limit:
-            return [0.0] * len(candidates)
+        affinity = [1.0 if prefix >= floor else 0.0 for prefix in prefixes]
+        if 0.0 not in affinity:
+            return affinity  # every candidate is warm
+        ttfts = candidates.predicted_ttfts()
+        limit = min([ttft for ttft, warm in zip(ttfts, affinity, strict=True) if warm]) / self.max_slowdown
+        # Move only if some cold replica, prefilling the whole prompt, still beats the limit.
+        if min([ttft for ttft, warm in zip(ttfts, affinity, strict=True) if not warm]) < limit:
+            return [0.0] * len(prefixes)
         return affinity
 
 
@@ -130,9 +153,10 @@ class PrefixAffinityScorer:
 class PrefixHitScorer:
     """Prefers the backend holding more of the prompt: a tie-breaker that keeps equal-TTFT choices warm."""
 
-    def scores(self, request: RouteRequest, candidates: Sequence[BackendState]) -> list[float]:
+    def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
         total = max(1, request.prompt_tokens)
-        return [min(1.0, b.prefix_tokens / total) for b in candidates]
+        # min(1.0, share), inlined: a share rounds to 1.0 only where it would have been capped to 1.0 anyway.
+        return [1.0 if b.prefix_tokens >= total else b.prefix_tokens / total for b in candidates.backends]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,15 +165,13 @@ class BestScorePicker:
 
     def rank(self, request: RouteRequest, scored: Sequence[tuple[float, BackendState]]) -> list[BackendState]:
         scored = list(scored)
-        count = len(scored)
-        shift = request.sequence % count
+        shift = request.sequence % len(scored)
         rotated = scored[shift:] + scored[:shift]
-        # sorted() is stable, so equal scores keep the rotated order.
-        return [backend for _, backend in sorted(rotated, key=_negated_score)]
+        # sorted() is stable, reverse=True included, so equal scores keep the rotated order.
+        return [backend for _, backend in sorted(rotated, key=_score, reverse=True)]
 
 
-def _negated_score(item: tuple[float, BackendState]) -> float:
-    return -item[0]
+_score = itemgetter(0)
 
 
 @dataclass(frozen=True, slots=True)
