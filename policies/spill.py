@@ -100,8 +100,10 @@ class HybridPolicy:
         if meeting:
             return _decision(meeting[0], why, meeting, [*capable_hosted, *replicas])
         if not capable_replicas and not capable_hosted:
-            # Only replicas below the tier remain (residency or budget ruled hosted out): best effort there.
-            return _decision(replicas[0], self._forbidden_reason(request, snapshot, "complex"), replicas, [])
+            # Nothing reaches the tier (residency or budget ruled hosted out, or no backend is that good):
+            # best effort on what remains, replicas first.
+            remaining = replicas or hosted
+            return _decision(remaining[0], self._forbidden_reason(request, snapshot, "complex"), remaining, [])
         return self._on_miss(request, snapshot, capable_replicas, capable_hosted, why)
 
     def _rank_replicas(

@@ -125,3 +125,10 @@ def test_high_priority_takes_the_fastest_whatever_the_route_says() -> None:
 def test_a_hosted_only_route_is_not_a_spill() -> None:
     decision = policy().decide(request(), Snapshot((hosted("frontier"),)))
     assert (decision.backend, decision.reason) == ("frontier", "hosted")
+
+
+def test_a_hosted_only_route_below_the_tier_serves_best_effort() -> None:
+    """No backend reaches the tier the prompt needs: the cheapest hosted model still answers."""
+    snapshot = Snapshot((hosted("small", tier=1, price_out=2.0), hosted("mid", tier=1, price_out=4.0)))
+    decision = policy().decide(request(required_tier=2), snapshot)
+    assert (decision.backend, decision.ranked) == ("small", ("small", "mid"))
