@@ -1,11 +1,19 @@
-"""Learning how fast a replica prefills from the TTFTs the gateway itself observes.
+"""Learning how fast a replica prefills, and its fixed time to a first token, from the TTFTs the gateway sees.
 
-A request that found the replica idle has ``TTFT = overhead + uncached_tokens / rate``. A least-squares line
-through the recent such samples gives the rate (its slope's inverse) without the fixed overhead biasing it,
-which a plain tokens/TTFT ratio would. While the recent samples are all about the same length the slope
-cannot be told from the overhead, so the ratio is used: it predicts exactly the TTFT of prompts like those
-(overhead included) and errs on the slow side for longer ones. Until enough samples exist, the configured
-prior is used.
+A request's first token comes once the replica has prefilled what was ahead of it and then the request's own
+uncached prompt: ``TTFT = overhead + (tokens ahead + own uncached tokens) / rate``, where the tokens ahead are
+the gateway's own count of uncached prompt tokens still in prefill there when it sent the request (the figure
+routing predicts from, so the fit calibrates those predictions). Learning from every request, not only from
+those that found the replica idle, keeps the line measured under load, when batching makes a replica prefill
+faster than an idle one and busy replicas are seldom idle.
+
+A least-squares line through the recent samples gives both: the rate (the slope's inverse) and the overhead
+(the intercept: scheduling, one forward pass's floor, the network). A rate alone, fitted through the origin,
+would put the overhead into the rate and mispredict every size but the usual one. While the recent samples
+are all about the same size the slope cannot be told apart from the overhead: the last rate is kept and the
+overhead alone is refitted (or, if that rate is too slow for what was seen, the plain tokens/TTFT ratio is
+taken), so requests like those are predicted exactly. Until enough samples exist, the configured prior rate
+is used with no overhead.
 """
 
 from __future__ import annotations
@@ -18,15 +26,21 @@ _MIN_SPREAD_TOKENS = 256.0
 
 
 class PrefillRateEstimator:
-    __slots__ = ("_samples", "prior", "rate")
+    __slots__ = ("_samples", "overhead_s", "prior", "rate")
 
     def __init__(self, prior_tokens_per_s: float) -> None:
         self.prior = prior_tokens_per_s
         self.rate = prior_tokens_per_s
+        self.overhead_s = 0.0
         self._samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
 
+    def predict_s(self, tokens: float) -> float:
+        """Seconds to the first token when ``tokens`` uncached tokens (ahead and own) are to be prefilled."""
+        return self.overhead_s + tokens / self.rate
+
     def observe(self, uncached_tokens: int, ttft_s: float) -> None:
-        """One request that was alone in prefill on this replica: its uncached tokens and its TTFT."""
+        """One request: the uncached tokens prefilled up to its first token (those ahead of it and its own), and
+        its TTFT."""
         if uncached_tokens <= 0 or ttft_s <= 0:
             return
         self._samples.append((float(uncached_tokens), ttft_s))
@@ -38,10 +52,15 @@ class PrefillRateEstimator:
         mean_x = sum(x for x, _ in self._samples) / count
         mean_y = sum(y for _, y in self._samples) / count
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples) / count
-        if var_x < _MIN_SPREAD_TOKENS**2:
-            self.rate = mean_x / mean_y  # same-length prompts: the slope is not identifiable, the ratio is
-            return
-        cov = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / count
-        seconds_per_token = cov / var_x
-        if seconds_per_token > 0:
-            self.rate = 1.0 / seconds_per_token
+        if var_x >= _MIN_SPREAD_TOKENS**2:
+            cov = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / count
+            seconds_per_token = cov / var_x
+            if seconds_per_token > 0:
+                self.rate = 1.0 / seconds_per_token
+        # The intercept of a line with that slope through the samples' mean. Below zero the rate is too slow
+        # for what was seen (the prior, typically): the plain ratio then predicts requests like these exactly.
+        overhead = mean_y - mean_x / self.rate
+        if overhead < 0:
+            self.rate = mean_x / mean_y
+            overhead = 0.0
+        self.overhead_s = overhead

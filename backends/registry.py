@@ -92,6 +92,7 @@ class Backend:
                 self.usd_per_mtok_in,
                 self.usd_per_mtok_out,
                 self.outstanding_tokens,
+                self.prefill.overhead_s,
             ),
         )
 

@@ -64,8 +64,10 @@ class Attempt:
     booked_tokens: int = 0
     """Output tokens booked on the backend until the request ends."""
     tpot_s: float | None = None
-    alone: bool = False
-    """Nothing else was in prefill on the backend when this was sent: its TTFT measures prefill speed."""
+    prefill_ahead: int | None = None
+    """Uncached prompt tokens the gateway had in prefill on the backend when this was sent, so that its TTFT
+    measures prefill speed: ``(prefill_ahead + its own uncached tokens) / rate``. ``None`` when every running
+    slot there was taken, since the wait then included other requests' decoding."""
 
 
 class DisconnectWatcher:

@@ -353,7 +353,8 @@ class CompletionsHandler:
 
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
-        attempt.alone = backend.in_flight == 0
+        slots_full = backend.max_running and backend.in_flight >= backend.max_running
+        attempt.prefill_ahead = None if slots_full else backend.pending_prefill_tokens
         attempt.sent_at = time.perf_counter()
         backend.in_flight += 1
         attempt.booked_tokens = parsed.max_tokens or _ASSUMED_OUTPUT_TOKENS
@@ -374,7 +375,7 @@ class CompletionsHandler:
         backend.outstanding_tokens -= attempt.booked_tokens
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
-        if prefilled and attempt.stream and attempt.alone and attempt.usage is not None:
+        if prefilled and attempt.stream and attempt.prefill_ahead is not None and attempt.usage is not None:
             _learn_prefill_rate(backend, attempt)
         fingerprint = attempt.fingerprint
         if fingerprint is None:
@@ -531,8 +532,8 @@ def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     prompt = usage.get("prompt_tokens")
-    if isinstance(prompt, int) and isinstance(cached, int):
-        backend.prefill.observe(prompt - cached, attempt.first_token_at - attempt.sent_at)
+    if isinstance(prompt, int) and isinstance(cached, int) and attempt.prefill_ahead is not None:
+        backend.prefill.observe(attempt.prefill_ahead + prompt - cached, attempt.first_token_at - attempt.sent_at)
 
 
 def _usage_of(body: bytes) -> dict[str, Any] | None:

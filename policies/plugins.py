@@ -44,12 +44,13 @@ def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
     """Seconds to the first token on ``backend``: waiting for a slot, prefill queued ahead, our uncached prompt.
 
     Prefill ahead is the gateway's own count of uncached prompt tokens still in prefill there (fresh and
-    exact for our traffic). A request beyond the replica's running slots (or queued by the replica itself)
+    exact for our traffic); rate and fixed overhead are fitted to observed TTFTs against that same count
+    (:mod:`backends.prefill_rate`). A request beyond the replica's running slots (or queued by the replica itself)
     waits for a running one to finish: the mean remaining output of the requests in flight there, at the
     replica's measured time per output token, shared over its slots.
     """
     uncached = max(0, request.prompt_tokens - backend.prefix_tokens)
-    prefill = (backend.pending_prefill_tokens + uncached) / backend.prefill_tokens_per_s
+    prefill = backend.prefill_overhead_s + (backend.pending_prefill_tokens + uncached) / backend.prefill_tokens_per_s
     over = backend.queued
     if backend.max_running:
         over = max(over, backend.in_flight + 1 - backend.max_running)

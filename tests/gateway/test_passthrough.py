@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -73,3 +74,26 @@ def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess) -> 
         )
     learned = httpx.get(single.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
     assert learned > 100_000, f"still near the 20,000 tokens/s prior: {learned}"
+
+
+def test_prefill_rate_is_learned_while_the_replica_is_never_idle(tmp_path: Path) -> None:
+    """Under steady load a replica is seldom idle: the rate must be learned from requests that queued too."""
+    replica = start_replica(tmp_path, "--time-scale", "0.02")
+    gateway = start_gateway(gateway_config([replica.url]), tmp_path)
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+
+        def ask(n: int) -> None:
+            prompt = f"busy {n} " + "lorem ipsum dolor " * (100 + 150 * (n % 12))
+            stream = client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": prompt}], max_tokens=8, stream=True
+            )
+            list(stream)
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            list(pool.map(ask, range(36)))
+        learned = httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+        assert learned > 100_000, f"still near the 20,000 tokens/s prior: {learned}"
+    finally:
+        gateway.stop()
+        replica.stop()

@@ -82,6 +82,8 @@ def test_registry_snapshot_maps_every_field() -> None:
         tpot_s=0.04,
     )
     backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
+    backend.outstanding_tokens = 17
+    backend.prefill.overhead_s = 0.006
     state = backend.state(now=0.0, prefix_tokens=13)
     assert state._asdict() == {
         "name": "r",
@@ -104,7 +106,8 @@ def test_registry_snapshot_maps_every_field() -> None:
         "tpot_s": 0.04,
         "usd_per_mtok_in": 0.1,
         "usd_per_mtok_out": 0.2,
-        "outstanding_tokens": 0,
+        "outstanding_tokens": 17,
+        "prefill_overhead_s": 0.006,
     }
 
 
