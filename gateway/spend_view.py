@@ -29,9 +29,7 @@ class LedgerSpend:
 
     async def totals(self, tenant: str | None) -> dict[str, Any]:
         """This UTC month's spend (all tenants' when ``tenant`` is None), as the ledger has it."""
-        reports = (
-            [await self._accountant.spend(tenant)] if tenant is not None else await self._accountant.spend_all()
-        )
+        reports = [await self._accountant.spend(tenant)] if tenant is not None else await self._accountant.spend_all()
         months = [r.month for r in reports]
         return {
             "window": "month",

@@ -185,9 +185,7 @@ def test_in_flight_requests_finish_under_the_old_version(gateway: tuple[RunningP
     assert backend_of(proc, "renamed") == "blue-0"
 
 
-def test_file_edits_apply_live_and_api_edits_survive_a_restart(
-    replicas: list[RunningProcess], tmp_path: Path
-) -> None:
+def test_file_edits_apply_live_and_api_edits_survive_a_restart(replicas: list[RunningProcess], tmp_path: Path) -> None:
     path = tmp_path / "spillgate.yaml"
     config = base_config(replicas, tmp_path / "data")
     path.write_text(yaml.safe_dump(config))
