@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from policies.plugins import Candidates
+from policies.prediction import Candidates
 from policies.types import BackendState, Decision, NoCandidate, RouteRequest, Snapshot
 
 

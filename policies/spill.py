@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from policies.engine import Policy
-from policies.plugins import predicted_ttft
+from policies.prediction import predicted_ttft
 from policies.types import BackendState, Decision, NoCandidate, OverCapacity, RouteRequest, Snapshot
 
 OnSloMiss = Literal["fastest", "queue", "reject"]

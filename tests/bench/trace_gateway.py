@@ -34,7 +34,7 @@ class TracedPolicy:
 
     def decide(self, request: Any, snapshot: Any) -> Any:
         global _last_decision
-        from policies.plugins import predicted_ttft
+        from policies.prediction import predicted_ttft
 
         decision = self._inner.decide(request, snapshot)
         _last_decision = {

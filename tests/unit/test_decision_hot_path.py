@@ -9,7 +9,7 @@ import xxhash
 
 from cache.fingerprint import block_hashes
 from cache.index import PrefixIndex
-from policies.plugins import Candidates, predicted_ttft
+from policies.prediction import Candidates, predicted_ttft
 from policies.types import BackendState, RouteRequest
 
 
