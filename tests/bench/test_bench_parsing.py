@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from tests.bench.compare_routers import targets
+from tests.bench.compare_table import RunFigures
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
@@ -65,3 +67,31 @@ def test_goals_are_judged_on_added_latency_and_rates() -> None:
     met = goals_met(row)
     assert list(met) == [goal.label for goal in GOALS]
     assert list(met.values()) == [True, True, False, False]
+
+
+def _figures(hit_rate: float, ttft_p99_ms: float, goodput_rps: float) -> RunFigures:
+    return RunFigures(
+        completed=100, failed=0, unfinished=0, hit_rate=hit_rate, client_hit_rate=hit_rate,
+        ttft_p50_ms=10.0, ttft_p99_ms=ttft_p99_ms, tpot_p50_ms=10.0, tpot_p99_ms=20.0, goodput_rps=goodput_rps,
+        slo_pct=100.0, throughput_rps=10.0, offered_rps=10.0, shares_pct=[50.0, 50.0], spread=1.0,
+        prefill_busy_pct=[50.0, 50.0], e2e_stretch=1.0, ttft_overhead_ms=1.0, sim_duration_s=4.0, wall_s=24.0,
+        errors={},
+    )  # fmt: skip
+
+
+def test_router_comparison_verdicts() -> None:
+    """A cached token's difference is noise; a real shortfall, a slow tail or thin goodput is a miss."""
+    rows = {
+        "sglang-router cache_aware": {"chat": _figures(0.402719, 262.0, 75.0)},
+        "spillgate round_robin": {"chat": _figures(0.162, 482.0, 40.0)},
+    }
+    close = {**rows, "spillgate cache_aware": {"chat": _figures(0.402717, 180.0, 75.0)}}
+    (line,) = targets(close, {"chat": 0.403}, ["chat"])
+    assert "sglang-router's 40.3%: met (0.0002 points below: within noise)" in line
+    assert "TTFT p99 0.69x sglang-router's (goal <= 0.7x): met" in line
+    assert "goodput 1.88x round_robin's (goal >= 1.5x): met" in line
+    below = {**rows, "spillgate cache_aware": {"chat": _figures(0.400, 264.0, 50.0)}}
+    (line,) = targets(below, {"chat": 0.403}, ["chat"])
+    assert "sglang-router's 40.3%: MISSED" in line
+    assert "TTFT p99 1.01x sglang-router's (goal <= 0.7x): MISSED" in line
+    assert "goodput 1.25x round_robin's (goal >= 1.5x): MISSED" in line
