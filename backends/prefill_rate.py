@@ -34,10 +34,6 @@ class PrefillRateEstimator:
         self.overhead_s = 0.0
         self._samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
 
-    def predict_s(self, tokens: float) -> float:
-        """Seconds to the first token when ``tokens`` uncached tokens (ahead and own) are to be prefilled."""
-        return self.overhead_s + tokens / self.rate
-
     def observe(self, uncached_tokens: int, ttft_s: float) -> None:
         """One request: the uncached tokens prefilled up to its first token (those ahead of it and its own), and
         its TTFT."""

@@ -375,7 +375,7 @@ class CompletionsHandler:
         backend.outstanding_tokens -= attempt.booked_tokens
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
-        if prefilled and attempt.stream and attempt.prefill_ahead is not None and attempt.usage is not None:
+        if prefilled and attempt.stream and attempt.usage is not None:
             _learn_prefill_rate(backend, attempt)
         fingerprint = attempt.fingerprint
         if fingerprint is None:

