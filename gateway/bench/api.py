@@ -39,7 +39,22 @@ class LevelResult:
     rate: float | None
     summary: Summary
     results: list[RequestResult] = field(repr=False)
+    """Every finished request, warm-up included."""
     phases: list[PhaseSummary] = field(default_factory=list)
+    warmup_s: float = 0.0
+    warmup_requests: int = 0
+    """Finished requests sent within ``warmup_s`` of the level's start: in ``results``, not in ``summary``."""
+
+    @property
+    def measured(self) -> list[RequestResult]:
+        """The requests ``summary`` counts: those sent after the warm-up."""
+        return [result for result in self.results if after_warmup(result, self.warmup_s)]
+
+
+def after_warmup(result: RequestResult, warmup_s: float) -> bool:
+    """Whether a request was sent after the warm-up (by its scheduled arrival in open loop)."""
+    sent = result.scheduled if result.scheduled is not None else result.start
+    return sent >= warmup_s
 
 
 @dataclass
@@ -136,7 +151,10 @@ async def _run_one(
     finally:
         if progress is not None:
             progress.finish()
-    summary = summarize(run.results, duration_s=run.duration_s, unfinished=run.unfinished, slo=slo)
+    measured = [result for result in run.results if after_warmup(result, config.warmup_s)]
+    summary = summarize(
+        measured, duration_s=max(run.duration_s - config.warmup_s, 0.0), unfinished=run.unfinished, slo=slo
+    )
     phases = []
     if rate_schedule is not None:
         ran_s = rate_schedule.duration_s
@@ -146,7 +164,14 @@ async def _run_one(
             ran_s = min(ran_s, run.duration_s)
         phases = summarize_phases(run.results, rate_schedule, slo=slo, ran_s=ran_s)
     return LevelResult(
-        label=label, concurrency=concurrency, rate=config.rate, summary=summary, results=run.results, phases=phases
+        label=label,
+        concurrency=concurrency,
+        rate=config.rate,
+        summary=summary,
+        results=run.results,
+        phases=phases,
+        warmup_s=config.warmup_s,
+        warmup_requests=len(run.results) - len(measured),
     )
 
 

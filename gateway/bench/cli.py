@@ -16,7 +16,7 @@ import orjson
 
 from gateway.bench.api import BenchError, BenchResult, run_bench
 from gateway.bench.arrivals import BURST, burst_spec
-from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
 from gateway.bench.progress import Progress
 from gateway.bench.report import format_table, to_json
 
@@ -67,6 +67,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steady-seconds", type=float, default=60.0, help="each 0.6x phase of --rate-schedule burst")
     parser.add_argument("--duration", type=float, default=None, help="seconds of load per level")
     parser.add_argument("--num-requests", type=int, default=None, help="requests per level")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="requests sent in each level's first SECONDS load the server but are not counted (steady state)",
+    )
+    parser.add_argument(
+        "--session-order",
+        choices=SESSION_ORDERS,
+        default="random",
+        help="chat/agent: the ready session that sends next (random: SGLang's multi-turn default; fifo)",
+    )
     parser.add_argument("--trace-speedup", type=float, default=1.0, help="divide trace timestamps by this")
     parser.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
@@ -120,6 +133,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         concurrency=tuple(args.concurrency),
         duration_s=args.duration,
         num_requests=args.num_requests,
+        warmup_s=args.warmup,
+        session_order=args.session_order,
         trace_speedup=args.trace_speedup,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,

@@ -43,6 +43,8 @@ class RequestResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     reply: str | None = None
+    session: int | None = None
+    """chat and agent: the conversation this turn belongs to (its turns are sent in order)."""
 
 
 def api_paths(url: str) -> tuple[str, str]:

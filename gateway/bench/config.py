@@ -12,6 +12,7 @@ from typing import Any
 from gateway.bench.arrivals import RateSchedule, parse_rate_schedule
 
 WORKLOADS = ("gsp", "chat", "agent")
+SESSION_ORDERS = ("random", "fifo")
 TRACE_PREFIX = "trace:"
 
 
@@ -56,7 +57,8 @@ class BenchConfig:
     ``concurrency`` (closed loop; several levels make a sweep), or none for a trace (replayed on its own
     timestamps divided by ``trace_speedup``).
     Limits per level: ``num_requests`` and/or ``duration_s``; with neither, the workload's natural size (a
-    schedule ends with its last phase).
+    schedule ends with its last phase). ``warmup_s`` measures a steady state: requests sent in each level's
+    first seconds fill caches and queues but are not counted; the limits include them.
     """
 
     url: str
@@ -69,6 +71,13 @@ class BenchConfig:
     concurrency: tuple[int, ...] = ()
     duration_s: float | None = None
     num_requests: int | None = None
+    warmup_s: float = 0.0
+    """Requests sent in each level's first ``warmup_s`` seconds load the server but are left out of its figures."""
+    session_order: str = "random"
+    """chat and agent: which ready session sends next, ``random`` (SGLang's multi-turn default) or ``fifo``."""
+    session_script: tuple[int, ...] | None = None
+    """chat and agent, for comparison scripts: send exactly these sessions' turns in this order (the ``session``
+    of another run's results), one request at a time."""
     trace_speedup: float = 1.0
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 50.0
@@ -124,6 +133,14 @@ class BenchConfig:
             raise ValueError("--duration must be positive")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError("--num-requests must be at least 1")
+        if self.session_script is not None and (self.workload not in ("chat", "agent") or self.concurrency != (1,)):
+            raise ValueError("a session script replays chat or agent turns at concurrency 1")
+        if self.session_order not in SESSION_ORDERS:
+            raise ValueError(f"--session-order must be one of {', '.join(SESSION_ORDERS)}, got {self.session_order!r}")
+        if self.warmup_s < 0:
+            raise ValueError("--warmup must be zero or positive")
+        if self.duration_s is not None and self.warmup_s >= self.duration_s:
+            raise ValueError("--warmup must be shorter than --duration")
         if self.trace_speedup <= 0:
             raise ValueError("--trace-speedup must be positive")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
@@ -148,5 +165,7 @@ class BenchConfig:
         data = dataclasses.asdict(self)
         data["api_key"] = "***" if self.api_key else None
         data["concurrency"] = list(self.concurrency)
+        if self.session_script is not None:
+            data["session_script"] = f"{len(self.session_script)} turns"
         data["mode"] = self.mode
         return data

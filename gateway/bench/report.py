@@ -10,11 +10,13 @@ JSON layout (``version`` 1)::
                  "tokens": {"prompt", "completion", "cached"}, "cache_hit_rate",
                  "backends": {name: {"requests", "share_pct"}}, "reasons": {x-spillgate-reason: requests},
                  "errors": {kind: {"count", "example"}},
+                 "warmup": {"seconds", "requests"},
                  "phases": [{"index", "label", "rate", "start_s", "end_s", ... the same figures as a level}]}]}
 
 Times are milliseconds, rates per second, ``cache_hit_rate`` a fraction in [0, 1] (``null`` without usage).
 ``phases`` is empty except under a rate schedule: one entry per phase, over the requests it sent, its rates
 per second of the phase; ``rate`` there is the phase's resolved rate and ``label`` the rate as written.
+A level's figures leave out the ``warmup.requests`` sent in its first ``warmup.seconds`` (phases count them).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def _level_json(level: LevelResult) -> dict[str, Any]:
         "concurrency": level.concurrency,
         "rate": level.rate,
         **_summary_json(level.summary),
+        "warmup": {"seconds": level.warmup_s, "requests": level.warmup_requests},
         "phases": [_phase_json(phase) for phase in level.phases],
     }
 
@@ -165,6 +168,10 @@ def format_table(result: BenchResult) -> str:
         s = level.summary
         extra = f"  unfinished {s.unfinished}" if s.unfinished else ""
         lines.append(f"{level.label}: {s.duration_s:.1f}s, backends: {_shares(s)}{extra}")
+        if level.warmup_s:
+            lines.append(
+                f"  warm-up: the {level.warmup_requests} requests sent in the first {level.warmup_s:g}s are not counted"
+            )
         if reasons := _reasons(s):
             lines.append(f"  reasons: {reasons}")
         for phase in level.phases:

@@ -116,6 +116,7 @@ class _Level:
             result = RequestResult(start=0.0, error="client", detail=repr(exc))
         # The schedule's time, not the send time: a late loop must not move a request into the next phase.
         result.scheduled = scheduled
+        result.session = None if spec.session is None else spec.session.id
         self.counters.in_flight -= 1
         self._last_done = time.perf_counter()
         self.results.append(result)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+import random
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
 
 from gateway.bench import text
-from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
 from gateway.bench.trace import PromptBuilder, TraceRecord
 
 Message = dict[str, str]
@@ -70,8 +72,44 @@ class IndependentWorkload:
         return None
 
 
+class ReadySessions:
+    """Sessions waiting to send their next turn; ``get`` takes one at random, or the longest waiting (``fifo``).
+
+    Random is the default of SGLang's multi-turn benchmark, and the realistic one: in FIFO order, sessions that
+    one batch answered together send their next turns one after another, so a router keeping each session on
+    its replica sees convoys of turns that no real user population sends.
+    """
+
+    def __init__(self, rng: random.Random | None) -> None:
+        self._rng = rng
+        self._waiting: deque[Conversation] = deque()
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    def put(self, session: Conversation) -> None:
+        self._waiting.append(session)
+        self._changed.set()
+
+    def close(self) -> None:
+        """No session will ever be ready again: waiting and later ``get`` calls return ``None``."""
+        self._closed = True
+        self._changed.set()
+
+    async def get(self) -> Conversation | None:
+        while not self._waiting:
+            if self._closed:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
+        if self._rng is None:
+            return self._waiting.popleft()
+        index = self._rng.randrange(len(self._waiting))
+        self._waiting[index], self._waiting[-1] = self._waiting[-1], self._waiting[index]
+        return self._waiting.pop()
+
+
 class SessionWorkload:
-    """Interleaved conversations: ready sessions queue up, and a turn's reply makes its session ready again.
+    """Interleaved conversations: a turn's reply makes its session ready again, and ``next`` takes a ready one.
 
     A failed turn ends its session (there is no reply to continue from). With ``cycle`` an ended session is
     replaced by a fresh one, so the number of live sessions stays constant for as long as the run lasts.
@@ -86,6 +124,7 @@ class SessionWorkload:
         opening: Callable[[int], list[Message]],
         follow_up: Callable[[int, int], Message],
         cycle: bool,
+        ready: ReadySessions,
     ) -> None:
         self.natural_size = sessions * turns
         self._turns = turns
@@ -93,7 +132,7 @@ class SessionWorkload:
         self._opening = opening
         self._follow_up = follow_up
         self._cycle = cycle
-        self._ready: asyncio.Queue[Conversation | None] = asyncio.Queue()
+        self._ready = ready
         self._ids = count()
         self._live = 0
         for _ in range(sessions):
@@ -102,12 +141,11 @@ class SessionWorkload:
     def _open(self) -> None:
         session_id = next(self._ids)
         self._live += 1
-        self._ready.put_nowait(Conversation(session_id, self._opening(session_id)))
+        self._ready.put(Conversation(session_id, self._opening(session_id)))
 
     async def next(self) -> RequestSpec | None:
         session = await self._ready.get()
         if session is None:
-            self._ready.put_nowait(None)  # wake the next waiter too
             return None
         return RequestSpec(list(session.messages), self._output_tokens, session)
 
@@ -119,13 +157,61 @@ class SessionWorkload:
         if reply is not None and session.turns < self._turns:
             session.messages.append({"role": "assistant", "content": reply})
             session.messages.append(self._follow_up(session.id, session.turns))
-            self._ready.put_nowait(session)
+            self._ready.put(session)
             return
         self._live -= 1
         if self._cycle:
             self._open()
         elif self._live == 0:
-            self._ready.put_nowait(None)
+            self._ready.close()
+
+
+class ScriptedSessions:
+    """Replays a recorded order of turns: request ``i`` is the next turn of session ``script[i]``.
+
+    For a reference run that must send the very turns another run sent, where the order of sessions depended on
+    timing. Meant to run one request at a time; a session whose previous turn is still out is waited for.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[int],
+        *,
+        output_tokens: int,
+        opening: Callable[[int], list[Message]],
+        follow_up: Callable[[int, int], Message],
+    ) -> None:
+        self.natural_size = len(script)
+        self._script = iter(script)
+        self._output_tokens = output_tokens
+        self._opening = opening
+        self._follow_up = follow_up
+        self._sessions: dict[int, Conversation] = {}
+        self._out: set[int] = set()
+        self._answered = asyncio.Event()
+
+    async def next(self) -> RequestSpec | None:
+        session_id = next(self._script, None)
+        if session_id is None:
+            return None
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = Conversation(session_id, self._opening(session_id))
+        while session_id in self._out:
+            self._answered.clear()
+            await self._answered.wait()
+        self._out.add(session_id)
+        return RequestSpec(list(session.messages), self._output_tokens, session)
+
+    def finished(self, spec: RequestSpec, reply: str | None) -> None:
+        session = spec.session
+        if session is None:
+            return
+        self._out.discard(session.id)
+        self._answered.set()
+        session.turns += 1
+        session.messages.append({"role": "assistant", "content": reply or ""})
+        session.messages.append(self._follow_up(session.id, session.turns))
 
 
 # Workload builders -------------------------------------------------------------------------------------
@@ -154,17 +240,34 @@ def gsp_workload(knobs: GspKnobs, salt: str, cycle: bool) -> IndependentWorkload
     return IndependentWorkload(requests(), size)
 
 
-def chat_workload(knobs: ChatKnobs, salt: str, cycle: bool) -> SessionWorkload:
+def ready_sessions(order: str, salt: str) -> ReadySessions:
+    """The ready queue for ``order`` (``random`` or ``fifo``), its random choices seeded by ``salt``."""
+    if order not in SESSION_ORDERS:
+        raise ValueError(f"session order must be one of {', '.join(SESSION_ORDERS)}, got {order!r}")
+    return ReadySessions(text.rng_for(salt, "ready") if order == "random" else None)
+
+
+def chat_workload(
+    knobs: ChatKnobs, salt: str, cycle: bool, order: str = "random", script: Sequence[int] | None = None
+) -> Workload:
+    """Conversations that open with a user message; ``script`` replays a recorded order of turns instead."""
+
     def user(session: int, turn: int) -> Message:
         return {"role": "user", "content": text.text(text.rng_for(salt, "chat", session, turn), knobs.user_tokens)}
 
+    def opening(session: int) -> list[Message]:
+        return [user(session, 0)]
+
+    if script is not None:
+        return ScriptedSessions(script, output_tokens=knobs.output_tokens, opening=opening, follow_up=user)
     return SessionWorkload(
         sessions=knobs.sessions,
         turns=knobs.turns,
         output_tokens=knobs.output_tokens,
-        opening=lambda session: [user(session, 0)],
+        opening=opening,
         follow_up=user,
         cycle=cycle,
+        ready=ready_sessions(order, salt),
     )
 
 
@@ -196,7 +299,9 @@ def tool_definitions(salt: str, tokens: int) -> str:
     return "\n".join(json.dumps(tool) for tool in tools)
 
 
-def agent_workload(knobs: AgentKnobs, salt: str, cycle: bool) -> SessionWorkload:
+def agent_workload(
+    knobs: AgentKnobs, salt: str, cycle: bool, order: str = "random", script: Sequence[int] | None = None
+) -> Workload:
     system = {
         "role": "system",
         "content": "You are an agent. Call one of these tools per step and read its result.\n"
@@ -211,6 +316,8 @@ def agent_workload(knobs: AgentKnobs, salt: str, cycle: bool) -> SessionWorkload
         result = text.text(text.rng_for(salt, "agent", session, step), knobs.step_tokens)
         return {"role": "user", "content": "Tool result:" + result}
 
+    if script is not None:
+        return ScriptedSessions(script, output_tokens=knobs.output_tokens, opening=task, follow_up=tool_result)
     return SessionWorkload(
         sessions=knobs.sessions,
         turns=knobs.steps,
@@ -218,6 +325,7 @@ def agent_workload(knobs: AgentKnobs, salt: str, cycle: bool) -> SessionWorkload
         opening=task,
         follow_up=tool_result,
         cycle=cycle,
+        ready=ready_sessions(order, salt),
     )
 
 
@@ -251,10 +359,10 @@ def build_workload(
         return gsp_workload(config.gsp, salt, cycle)
     if kind == "chat":
         chat = dataclasses.replace(config.chat, sessions=max(config.chat.sessions, min_sessions))
-        return chat_workload(chat, salt, cycle)
+        return chat_workload(chat, salt, cycle, config.session_order, config.session_script)
     if kind == "agent":
         agent = dataclasses.replace(config.agent, sessions=max(config.agent.sessions, min_sessions))
-        return agent_workload(agent, salt, cycle)
+        return agent_workload(agent, salt, cycle, config.session_order, config.session_script)
     if records is None:
         raise ValueError("a trace workload needs its records")
     return trace_workload(records, salt)

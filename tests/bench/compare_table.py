@@ -45,11 +45,16 @@ class RunFigures:
     shares_pct: list[float]
     spread: float | None
     prefill_busy_pct: list[float]
+    window_prefill_busy_pct: float | None
+    """The cluster's estimated prefill busy % over the measured requests' arrival window (after any warm-up)."""
+    warmup_requests: int
     e2e_stretch: float | None
     ttft_overhead_ms: float | None
     sim_duration_s: float
     wall_s: float
     errors: dict[str, int]
+    best_hit_rate: float | None = None
+    """The best achievable hit rate of this run's own requests, when they depended on its timing (chat)."""
     cpu_own_cores: float = 0.0
     """Cores the replicas, the router and the load generator used, on average over the run."""
     cpu_other_cores: float = 0.0
@@ -71,24 +76,34 @@ def figures(
     ``slo`` is in wall-clock milliseconds, as the level was measured.
     """
     s = level.summary
-    ok = [r for r in level.results if r.ok]
+    measured = level.measured
+    ok = [r for r in measured if r.ok]
     requests = sum(d.requests for d in deltas)
     prompt = sum(d.prompt_tokens for d in deltas)
     cached = sum(d.cached_tokens for d in deltas)
     shares = [100.0 * d.requests / requests if requests else 0.0 for d in deltas]
     low, high = min(shares, default=0.0), max(shares, default=0.0)
-    sim_duration = s.duration_s / time_scale
-    starts = sorted(r.start for r in level.results)
+    sim_duration = (s.duration_s + level.warmup_s) / time_scale
+    starts = sorted(r.start for r in measured)
     span = (starts[-1] - starts[0]) / time_scale if len(starts) > 1 else 0.0
-    sim_e2e = sum(d.e2e_sum_s for d in deltas)
+    sim_e2e_count = sum(d.e2e_count for d in deltas)
+    sim_e2e_mean = sum(d.e2e_sum_s for d in deltas) / sim_e2e_count if sim_e2e_count else 0.0
     sim_ttft = sum(d.ttft_sum_s for d in deltas)
     sim_ttft_count = sum(d.ttft_count for d in deltas)
-    client_e2e = sum(r.e2e for r in ok) / time_scale
-    client_ttft = [r.ttft / time_scale for r in ok if r.ttft is not None]
-    met = sum(1 for r in level.results if slo.met(r))
+    # The lag checks compare every request, warm-up included, with the replicas' counters over the same run.
+    every_ok = [r for r in level.results if r.ok]
+    client_e2e_mean = sum(r.e2e for r in every_ok) / len(every_ok) / time_scale if every_ok else 0.0
+    client_ttft = [r.ttft / time_scale for r in every_ok if r.ttft is not None]
+    met = sum(1 for r in measured if slo.met(r))
     overhead = None
     if client_ttft and sim_ttft_count:
         overhead = 1000.0 * (sum(client_ttft) / len(client_ttft) - sim_ttft / sim_ttft_count)
+    window = ReplicaCounters(
+        requests=len(ok),
+        prompt_tokens=sum(r.prompt_tokens for r in ok),
+        cached_tokens=sum(r.cached_tokens for r in ok),
+    )
+    window_busy = 100.0 * prefill_seconds(window) / (span * len(deltas)) if span > 0 and deltas else None
     return RunFigures(
         completed=s.completed,
         failed=s.failed,
@@ -106,7 +121,9 @@ def figures(
         shares_pct=shares,
         spread=high / low if low > 0 else None,
         prefill_busy_pct=[100.0 * prefill_seconds(d) / sim_duration if sim_duration else 0.0 for d in deltas],
-        e2e_stretch=client_e2e / sim_e2e if sim_e2e else None,
+        window_prefill_busy_pct=window_busy,
+        warmup_requests=level.warmup_requests,
+        e2e_stretch=client_e2e_mean / sim_e2e_mean if sim_e2e_mean else None,
         ttft_overhead_ms=overhead,
         sim_duration_s=sim_duration,
         wall_s=wall_s,
@@ -147,8 +164,11 @@ def _cells(fig: RunFigures | None) -> list[str]:
     goodput = f"{fig.goodput_rps:.1f}" + (f" ({fig.slo_pct:.0f}%)" if fig.slo_pct is not None else "")
     if fig.failed:
         goodput += f" [{fig.failed} failed]"
+    hit = _pct(fig.hit_rate)
+    if fig.best_hit_rate is not None:
+        hit += f" (of {_pct(fig.best_hit_rate)})"
     return [
-        _pct(fig.hit_rate),
+        hit,
         f"{_ms(fig.ttft_p50_ms)} / {_ms(fig.ttft_p99_ms)}",
         f"{_ms(fig.tpot_p50_ms)} / {_ms(fig.tpot_p99_ms)}",
         goodput,
@@ -181,7 +201,7 @@ def main_table(rows: Rows, workloads: Sequence[str], best: dict[str, float | Non
         body.append(cells)
     reference = ["best achievable", "1 replica, unbounded cache"]
     for name in workloads:
-        reference += [_pct(best.get(name)), "-", "-", "-", "-"]
+        reference += [_pct(best[name]) if name in best else "each row's (of ...)", "-", "-", "-", "-"]
     body.append(reference)
     return "\n".join(_markdown(header, body))
 
@@ -195,6 +215,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
         "offered / done req/s",
         "replica shares %",
         "est. prefill busy % per replica",
+        "est. prefill busy % measured",
         "client hit",
         "E2E stretch",
         "TTFT overhead ms",
@@ -218,6 +239,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
                     f"{fig.offered_rps:.1f} / {fig.throughput_rps:.1f}",
                     " ".join(f"{share:.0f}" for share in fig.shares_pct),
                     " ".join(f"{busy:.0f}" for busy in fig.prefill_busy_pct),
+                    "-" if fig.window_prefill_busy_pct is None else f"{fig.window_prefill_busy_pct:.0f}",
                     _pct(fig.client_hit_rate),
                     stretch,
                     _ms(fig.ttft_overhead_ms),

@@ -59,8 +59,11 @@ class WorkloadSpec:
         time_scale: float,
         duration_s: float,
         slo: tuple[float, float],
+        warmup_s: float = 0.0,
+        session_order: str = "random",
     ) -> BenchConfig:
-        """The ``spillgate bench`` run for one row, in wall-clock units."""
+        """The ``spillgate bench`` run for one row, in wall-clock units: ``warmup_s`` then ``duration_s`` of
+        arrivals, only those after the warm-up counted."""
         ttft_ms, tpot_ms = slo
         return BenchConfig(
             url=url,
@@ -68,7 +71,9 @@ class WorkloadSpec:
             api_key=api_key,
             model=model,
             rate=None if self.rate is None else self.rate / time_scale,
-            num_requests=self.num_requests(duration_s),
+            num_requests=self.num_requests(warmup_s + duration_s),
+            warmup_s=warmup_s * time_scale,
+            session_order=session_order,
             trace_speedup=self.trace_speedup / time_scale,
             slo_ttft_ms=ttft_ms * time_scale,
             slo_tpot_ms=tpot_ms * time_scale,

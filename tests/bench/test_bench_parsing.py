@@ -69,13 +69,13 @@ def test_goals_are_judged_on_added_latency_and_rates() -> None:
     assert list(met.values()) == [True, True, False, False]
 
 
-def _figures(hit_rate: float, ttft_p99_ms: float, goodput_rps: float) -> RunFigures:
+def _figures(hit_rate: float, ttft_p99_ms: float, goodput_rps: float, best: float | None = None) -> RunFigures:
     return RunFigures(
         completed=100, failed=0, unfinished=0, hit_rate=hit_rate, client_hit_rate=hit_rate,
         ttft_p50_ms=10.0, ttft_p99_ms=ttft_p99_ms, tpot_p50_ms=10.0, tpot_p99_ms=20.0, goodput_rps=goodput_rps,
         slo_pct=100.0, throughput_rps=10.0, offered_rps=10.0, shares_pct=[50.0, 50.0], spread=1.0,
-        prefill_busy_pct=[50.0, 50.0], e2e_stretch=1.0, ttft_overhead_ms=1.0, sim_duration_s=4.0, wall_s=24.0,
-        errors={},
+        prefill_busy_pct=[50.0, 50.0], window_prefill_busy_pct=50.0, warmup_requests=0, e2e_stretch=1.0,
+        ttft_overhead_ms=1.0, sim_duration_s=4.0, wall_s=24.0, errors={}, best_hit_rate=best,
     )  # fmt: skip
 
 
@@ -95,3 +95,15 @@ def test_router_comparison_verdicts() -> None:
     assert "sglang-router's 40.3%: MISSED" in line
     assert "TTFT p99 1.01x sglang-router's (goal <= 0.7x): MISSED" in line
     assert "goodput 1.25x round_robin's (goal >= 1.5x): MISSED" in line
+
+
+def test_chat_hit_rates_are_judged_against_each_runs_own_best() -> None:
+    """Each router's timing decides which chat turns it sends: compare the share of each run's own best."""
+    router = {"sglang-router cache_aware": {"chat": _figures(0.454, 209.0, 75.0, best=0.458)}}
+    fewer_late_turns = {**router, "spillgate cache_aware": {"chat": _figures(0.436, 140.0, 75.0, best=0.439)}}
+    (line,) = targets(fewer_late_turns, {}, ["chat"])
+    assert "hit 43.6% vs sglang-router's 45.4% (of their own best: 99.3% vs 99.1%): met" in line
+    assert "hit within 5% of best 43.9% (>= 41.7%): met" in line
+    lost_hits = {**router, "spillgate cache_aware": {"chat": _figures(0.430, 140.0, 75.0, best=0.458)}}
+    (line,) = targets(lost_hits, {}, ["chat"])
+    assert "(of their own best: 93.9% vs 99.1%): MISSED" in line

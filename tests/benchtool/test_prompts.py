@@ -123,6 +123,26 @@ async def test_chat_turns_carry_the_history_and_the_reply() -> None:
     assert await workload.next() is None
 
 
+async def test_ready_sessions_send_in_random_order_unless_fifo() -> None:
+    knobs = ChatKnobs(sessions=8, turns=2, user_tokens=8, output_tokens=4)
+
+    async def second_turns(order: str, salt: str) -> list[int]:
+        """Answer every first turn in the order sent, then see which session sends its second turn first."""
+        workload = chat_workload(knobs, salt, cycle=False, order=order)
+        first = [await workload.next() for _ in range(8)]
+        for spec in first:
+            assert spec is not None
+            workload.finished(spec, "reply")
+        return [spec.session.id for spec in [await workload.next() for _ in range(8)] if spec and spec.session]
+
+    assert await second_turns("fifo", "0:0") == list(range(8)), "fifo: answered first, sent first"
+    shuffled = await second_turns("random", "0:0")
+    assert sorted(shuffled) == list(range(8)) and shuffled != list(range(8))
+    assert await second_turns("random", "0:0") == shuffled, "seeded by the salt"
+    with pytest.raises(ValueError, match="session order must be one of random, fifo"):
+        chat_workload(knobs, "0:0", cycle=False, order="lifo")
+
+
 async def test_agent_sessions_share_the_tool_prefix() -> None:
     knobs = AgentKnobs(sessions=2, steps=2, tool_tokens=500, step_tokens=8, output_tokens=4)
     workload = agent_workload(knobs, "0:0", cycle=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench import BenchConfig, ChatKnobs, GspKnobs, run_bench
+from gateway.bench import BenchConfig, BenchError, ChatKnobs, GspKnobs, run_bench
 from tests.support.gateway import TENANT_KEY
 from tests.support.procs import REPO_ROOT, RunningProcess, free_port
 
@@ -55,6 +56,55 @@ async def test_chat_later_turns_are_cached_on_one_replica(replicas: list[Running
     assert all(r.cached_tokens >= max(p.prompt_tokens for p in first) for r in second), "turn 1 is cached"
     assert all(r.cached_tokens >= max(p.prompt_tokens for p in second) for r in third), "turn 2 is cached"
     assert all(r.backend == "-" for r in results), "a replica sends no x-spillgate-backend"
+
+
+async def test_warmup_requests_load_the_replica_but_are_not_counted(replicas: list[RunningProcess]) -> None:
+    config = BenchConfig(
+        url=replicas[2].url,
+        model="sim-model",
+        workload="gsp",
+        rate=40.0,
+        num_requests=40,
+        warmup_s=0.5,
+        gsp=GspKnobs(groups=2, prompts_per_group=20, system_tokens=512, question_tokens=16, output_tokens=4),
+        seed=23,
+    )
+    result = await run_bench(config)
+    [level] = result.levels
+    assert len(level.results) == 40 and all(r.ok for r in level.results)
+    warm = [r for r in level.results if r.scheduled is not None and r.scheduled < 0.5]
+    counted = [r for r in level.results if r.scheduled is not None and r.scheduled >= 0.5]
+    assert warm and counted, "Poisson at 40/s puts requests on both sides of 0.5 s"
+    assert level.warmup_requests == len(warm)
+    assert level.summary.completed == len(counted) == len(level.measured)
+    assert level.summary.ttft_ms.count == len(counted)
+    assert level.summary.prompt_tokens == sum(r.prompt_tokens for r in counted)
+    # Only the warm-up paid for the two system prompts: every counted request finds its prompt cached.
+    assert all(r.cached_tokens >= 400 for r in counted)
+    assert min(r.cached_tokens for r in warm) < 400
+    assert level.summary.duration_s == pytest.approx(max(r.start + r.e2e for r in level.results) - 0.5, abs=0.1)
+
+
+def test_warmup_must_fit_the_run() -> None:
+    BenchConfig(url="http://127.0.0.1:1", rate=1.0, duration_s=10.0, warmup_s=2.0).validate()
+    with pytest.raises(ValueError, match="--warmup must be zero or positive"):
+        BenchConfig(url="http://127.0.0.1:1", rate=1.0, warmup_s=-1.0).validate()
+    with pytest.raises(ValueError, match="--warmup must be shorter than --duration"):
+        BenchConfig(url="http://127.0.0.1:1", rate=1.0, duration_s=2.0, warmup_s=2.0).validate()
+
+
+async def test_a_session_script_replays_the_turns_a_run_sent(replicas: list[RunningProcess]) -> None:
+    knobs = ChatKnobs(sessions=4, turns=3, user_tokens=32, output_tokens=8)
+    live = BenchConfig(url=replicas[0].url, model="sim-model", workload="chat", rate=200.0, chat=knobs, seed=31)
+    sent = sorted((await run_bench(live)).levels[0].results, key=lambda r: r.start)
+    script = tuple(r.session for r in sent if r.session is not None)
+    assert len(script) == 12 and sorted(set(script)) == [0, 1, 2, 3]
+    replay = dataclasses.replace(live, rate=None, concurrency=(1,), num_requests=12, session_script=script)
+    replayed = sorted((await run_bench(replay)).levels[0].results, key=lambda r: r.start)
+    assert [r.session for r in replayed] == list(script)
+    assert [r.prompt_tokens for r in replayed] == [r.prompt_tokens for r in sent], "the same turns, in order"
+    with pytest.raises(BenchError, match="session script replays chat or agent turns at concurrency 1"):
+        await run_bench(dataclasses.replace(replay, concurrency=(2,)))
 
 
 async def test_stop_gives_a_partial_report(replicas: list[RunningProcess]) -> None:
@@ -144,10 +194,12 @@ def test_cli_sweep_end_to_end_with_json(replicas: list[RunningProcess], tmp_path
         assert level["tokens"]["completion"] == 6 * 8
         assert sum(b["share_pct"] for b in level["backends"].values()) == pytest.approx(100.0)
 
-    replay = [*base, "--workload", f"trace:{trace}", "--trace-speedup", "10"]
+    # Records every 2 ms once sped up; the first three (0, 2 and 4 ms) are the warm-up.
+    replay = [*base, "--workload", f"trace:{trace}", "--trace-speedup", "10", "--warmup", "0.005"]
     done = subprocess.run(replay, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "trace x10" in done.stdout
+    assert "warm-up: the 3 requests sent in the first 0.005s are not counted" in done.stdout
 
     bad = subprocess.run([*base, "--workload", "gsp"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--concurrency" in bad.stderr
