@@ -16,7 +16,7 @@ import orjson
 
 from gateway.bench.api import BenchError, BenchResult, run_bench
 from gateway.bench.arrivals import BURST, burst_spec
-from gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from gateway.bench.config import GROUP_DISTRIBUTIONS, SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
 from gateway.bench.progress import Progress
 from gateway.bench.report import format_table, to_json
 
@@ -99,6 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gsp.add_argument("--gsp-system-tokens", type=int, default=GspKnobs.system_tokens)
     gsp.add_argument("--gsp-question-tokens", type=int, default=GspKnobs.question_tokens)
     gsp.add_argument("--gsp-output-tokens", type=int, default=GspKnobs.output_tokens)
+    gsp.add_argument(
+        "--gsp-group-distribution",
+        choices=GROUP_DISTRIBUTIONS,
+        default=GspKnobs.group_distribution,
+        help="uniform: prompts-per-group requests per group; zipf: each request's group drawn with probability "
+        "1/rank**alpha (rank starts at 1, group 0 hottest), the same number of requests in all",
+    )
+    gsp.add_argument(
+        "--gsp-zipf-alpha", type=float, default=GspKnobs.zipf_alpha, help="zipf's alpha, a finite float > 0"
+    )
     chat = parser.add_argument_group("chat workload (multi-turn sessions)")
     chat.add_argument(
         "--chat-sessions", type=int, default=ChatKnobs.sessions, help="live sessions (at least the concurrency)"
@@ -146,6 +156,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
             system_tokens=args.gsp_system_tokens,
             question_tokens=args.gsp_question_tokens,
             output_tokens=args.gsp_output_tokens,
+            group_distribution=args.gsp_group_distribution,
+            zipf_alpha=args.gsp_zipf_alpha,
         ),
         chat=ChatKnobs(
             sessions=args.chat_sessions,

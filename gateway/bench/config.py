@@ -6,6 +6,7 @@ One frozen value so the CLI, the Python API and the JSON report all describe a r
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from gateway.bench.arrivals import RateSchedule, parse_rate_schedule
 
 WORKLOADS = ("gsp", "chat", "agent")
 SESSION_ORDERS = ("random", "fifo")
+GROUP_DISTRIBUTIONS = ("uniform", "zipf")
 TRACE_PREFIX = "trace:"
 
 
@@ -25,6 +27,17 @@ class GspKnobs:
     system_tokens: int = 2048
     question_tokens: int = 128
     output_tokens: int = 256
+    group_distribution: str = "uniform"
+    """``uniform``: every group gets ``prompts_per_group`` requests. ``zipf`` (SGLang's ``--gsp-group-distribution
+    zipf``): each request's group is drawn with probability 1/rank**``zipf_alpha`` (normalized; rank 1, the
+    hottest, is group 0), for the same total of requests: a few hot prefixes and a long tail."""
+    zipf_alpha: float = 1.1
+
+    def group_weights(self) -> list[float] | None:
+        """Each group's relative popularity under ``zipf``; ``None`` for uniform."""
+        if self.group_distribution == "uniform":
+            return None
+        return [1.0 / rank**self.zipf_alpha for rank in range(1, self.groups + 1)]
 
 
 @dataclass(frozen=True)
@@ -147,8 +160,13 @@ class BenchConfig:
             raise ValueError("timeouts must be positive")
         for knobs in (self.gsp, self.chat, self.agent):
             for knob in dataclasses.fields(knobs):
-                if getattr(knobs, knob.name) < 1:
+                value = getattr(knobs, knob.name)
+                if isinstance(value, int) and value < 1:
                     raise ValueError(f"{type(knobs).__name__}.{knob.name} must be at least 1")
+        if self.gsp.group_distribution not in GROUP_DISTRIBUTIONS:
+            raise ValueError(f"--gsp-group-distribution must be one of {', '.join(GROUP_DISTRIBUTIONS)}")
+        if not math.isfinite(self.gsp.zipf_alpha) or self.gsp.zipf_alpha <= 0:
+            raise ValueError("--gsp-zipf-alpha must be a finite number above 0")
 
     def schedule(self) -> RateSchedule:
         """The parsed ``rate_schedule``; ``ValueError`` when it is missing or malformed."""

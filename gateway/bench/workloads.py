@@ -220,19 +220,27 @@ class ScriptedSessions:
 def gsp_workload(knobs: GspKnobs, salt: str, cycle: bool) -> IndependentWorkload:
     """Each group's system prompt is shared by its questions; requests interleave groups in a seeded order.
 
-    A second pass (``cycle``) asks new questions behind the same system prompts.
+    A second pass (``cycle``) asks new questions behind the same system prompts (under ``zipf``, drawing each
+    question's group anew).
     """
     systems = [text.text(text.rng_for(salt, "gsp-system", group), knobs.system_tokens) for group in range(knobs.groups)]
     size = knobs.groups * knobs.prompts_per_group
+    weights = knobs.group_weights()
+
+    def groups(epoch: int) -> list[int]:
+        if weights is None:
+            return [index // knobs.prompts_per_group for index in range(size)]
+        return text.rng_for(salt, "gsp-groups", epoch).choices(range(knobs.groups), weights=weights, k=size)
 
     def requests() -> Iterator[RequestSpec]:
         for epoch in count() if cycle else range(1):
+            group_of = groups(epoch)
             order = list(range(size))
             text.rng_for(salt, "gsp-order", epoch).shuffle(order)
             for index in order:
                 question = text.text(text.rng_for(salt, "gsp-question", epoch, index), knobs.question_tokens)
                 messages = [
-                    {"role": "system", "content": systems[index // knobs.prompts_per_group]},
+                    {"role": "system", "content": systems[group_of[index]]},
                     {"role": "user", "content": question},
                 ]
                 yield RequestSpec(messages, knobs.output_tokens)

@@ -13,9 +13,9 @@ than real time) because on a small machine the cluster can only be made busy tha
 prefills ~30k tokens/s, far more prompts than two cores can tokenize, relay and stream at real time.
 
     .venv/bin/python -m tests.bench.compare_routers [--replicas 4] [--time-scale 6] [--workloads gsp,chat]
-        [--rate gsp=110,chat=70] [--duration 4] [--json FILE] [--skip-router] [--find-rate]
+        [--rate gsp=110,gsp-zipf=210,chat=70] [--duration 4] [--warmup 0] [--json FILE] [--skip-router] [--find-rate]
 
-About 8 minutes at the defaults on 2 cores (14 runs of ~30 s wall). ``--find-rate`` sweeps rates through the
+About 11 minutes at the defaults on 2 cores (21 runs of ~30 s wall). ``--find-rate`` sweeps rates through the
 cache-aware reference router instead and suggests one (``--rate gsp=100/130/160`` picks the rates).
 
 Every process is stopped by the PID it was started with, also on Ctrl-C or an error.
@@ -584,7 +584,9 @@ def main(argv: list[str] | None = None) -> int:
         "--time-scale", type=float, default=6.0, help="wall seconds per simulated second (default 6: slower than real)"
     )
     parser.add_argument(
-        "--workloads", default="gsp,chat", help="comma list of gsp, chat, trace:PATH (default gsp,chat)"
+        "--workloads",
+        default="gsp,gsp-zipf,chat",
+        help="comma list of gsp, gsp-zipf, chat, trace:PATH (default gsp,gsp-zipf,chat)",
     )
     parser.add_argument(
         "--rate", default=None, help="simulated req/s: one for all, or gsp=110,chat=70 (default: measured rates)"

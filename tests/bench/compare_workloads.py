@@ -9,8 +9,10 @@ Default rates were measured once with ``--find-rate`` (a Poisson sweep through s
 jumps (requests start to queue for prefill): gsp's median TTFT was 17 / 28 / 318 / 323 ms at 100 / 130 /
 160 / 190 req/s, so saturation ~160 and 110 is ~70% of it; chat's was 41 / 72 / 99 / 229 ms at 60 / 80 /
 100 / 120 req/s (and at 100+ the sessions could no longer keep up with the offered rate), so ~100 and 70.
-At these rates a cache-aware router keeps the cluster 60-80% busy; round robin, which prefills far more of
-each prompt, overloads it, which is the point of routing by cache.
+gsp-zipf (session 4) repeats its hot prefixes, so less of it is prefill: its median TTFT was 16 / 29 / 35 /
+52 ms at 100 / 220 / 260 / 300 req/s, so ~300 and 210. At these rates a cache-aware router keeps the
+cluster 60-80% busy; round robin, which prefills far more of each prompt, overloads it, which is the point of
+routing by cache.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from gateway.bench.config import BenchConfig, ChatKnobs, GspKnobs
 GSP = GspKnobs(groups=64, prompts_per_group=8, system_tokens=2048, question_tokens=128, output_tokens=64)
 """512 prompts behind 64 shared 2k-token system prompts, in a seeded shuffled order; short replies keep the
 per-token cost of streaming (which this machine pays three times: replica, relay, client) small."""
+
+GSP_ZIPF = dataclasses.replace(GSP, group_distribution="zipf", zipf_alpha=1.1)
+"""The same prompts with each request's group drawn by popularity 1/rank**1.1 (SGLang's ``--gsp-group-distribution
+zipf``): the hottest of the 64 groups gets ~25% of the requests, a whole replica's share of the load."""
 
 CHAT = ChatKnobs(sessions=128, turns=6, user_tokens=1024, output_tokens=32)
 """128 conversations of up to 6 turns, each turn resending the conversation so far plus a 1k-token message,
@@ -86,19 +92,25 @@ class WorkloadSpec:
         return dataclasses.replace(self, rate=rate)
 
 
-DEFAULT_RATES = {"gsp": 110.0, "chat": 70.0}
-SWEEP_RATES = {"gsp": (100.0, 130.0, 160.0, 190.0), "chat": (60.0, 80.0, 100.0, 120.0)}
+DEFAULT_RATES = {"gsp": 110.0, "gsp-zipf": 210.0, "chat": 70.0}
+SWEEP_RATES = {
+    "gsp": (100.0, 130.0, 160.0, 190.0),
+    "gsp-zipf": (100.0, 220.0, 260.0, 300.0),
+    "chat": (60.0, 80.0, 100.0, 120.0),
+}
 
 
 def workload_spec(name: str, *, trace_speedup: float, trace_requests: int) -> WorkloadSpec:
     """``gsp``, ``chat`` or ``trace:PATH`` (replayed at ``trace_speedup`` x its own clock, first N records)."""
+    if name == "gsp-zipf":
+        return WorkloadSpec(name=name, workload="gsp", rate=DEFAULT_RATES[name], gsp=GSP_ZIPF)
     if name in DEFAULT_RATES:
         return WorkloadSpec(name=name, workload=name, rate=DEFAULT_RATES[name])
     if name.startswith("trace:"):
         return WorkloadSpec(
             name="trace", workload=name, rate=None, trace_speedup=trace_speedup, trace_requests=trace_requests
         )
-    raise ValueError(f"unknown workload {name!r}: use gsp, chat or trace:PATH")
+    raise ValueError(f"unknown workload {name!r}: use gsp, gsp-zipf, chat or trace:PATH")
 
 
 def parse_rates(text: str | None, names: list[str]) -> dict[str, list[float]]:

@@ -108,6 +108,27 @@ async def test_gsp_groups_share_their_system_prompt() -> None:
     assert systems != sorted(systems, key=systems.index), "groups are interleaved, not sent one after another"
 
 
+async def test_gsp_zipf_makes_a_few_groups_hot() -> None:
+    knobs = GspKnobs(
+        groups=8, prompts_per_group=50, system_tokens=16, question_tokens=4, output_tokens=4,
+        group_distribution="zipf", zipf_alpha=1.1,
+    )  # fmt: skip
+    specs = [spec async for spec in _drain(gsp_workload(knobs, "2:0", cycle=False))]
+    assert len(specs) == 400, "the same number of requests as uniform"
+    systems = [spec.messages[0]["content"] for spec in specs]
+    by_popularity = sorted((systems.count(system) for system in set(systems)), reverse=True)
+    # 1/rank**1.1 over 8 ranks: the hottest group expects ~40% of the requests (159), the coldest ~4% (16).
+    assert 110 <= by_popularity[0] <= 190 and by_popularity[-1] <= 30
+    again = [spec.messages async for spec in _drain(gsp_workload(knobs, "2:0", cycle=False))]
+    assert again == [spec.messages for spec in specs], "seeded: the same run twice"
+    with pytest.raises(ValueError, match="--gsp-zipf-alpha must be a finite number above 0"):
+        BenchConfig(
+            url="http://127.0.0.1:1", rate=1.0, gsp=GspKnobs(group_distribution="zipf", zipf_alpha=0.0)
+        ).validate()
+    with pytest.raises(ValueError, match="--gsp-group-distribution must be one of uniform, zipf"):
+        BenchConfig(url="http://127.0.0.1:1", rate=1.0, gsp=GspKnobs(group_distribution="pareto")).validate()
+
+
 async def test_chat_turns_carry_the_history_and_the_reply() -> None:
     workload = chat_workload(ChatKnobs(sessions=2, turns=2, user_tokens=8, output_tokens=4), "0:0", cycle=False)
     first = await workload.next()
