@@ -73,9 +73,9 @@ class BackendState(NamedTuple):
     usd_per_mtok_in: float = 0.0
     usd_per_mtok_out: float = 0.0
     outstanding_tokens: int = 0
+    """Output tokens still to come for the requests the gateway has in flight here (by their max_tokens)."""
     prefill_overhead_s: float = 0.0
     """Measured fixed time to a first token on top of the prefill itself (scheduling, a pass's floor, network)."""
-    """Output tokens still to come for the requests the gateway has in flight here (by their max_tokens)."""
 
     @property
     def load(self) -> int:

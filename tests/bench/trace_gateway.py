@@ -56,10 +56,14 @@ class TracedPolicy:
 
 def install(path: str) -> None:
     # Wrapped before any gateway module imports it by name.
+    import policies.engine
     import policies.registry
 
     build = policies.registry.build_policy
     policies.registry.build_policy = lambda name: TracedPolicy(build(name))
+    reweigh = policies.engine.with_weights
+    # A route's ``weights`` apply to the policy inside the tracer.
+    policies.engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))
 
     from gateway import proxy
 
