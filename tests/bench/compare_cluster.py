@@ -154,6 +154,9 @@ class ReplicaCounters:
     def minus(self, earlier: ReplicaCounters) -> ReplicaCounters:
         return ReplicaCounters(**{k: getattr(self, k) - getattr(earlier, k) for k in _COUNTERS.values()})
 
+    def plus(self, other: ReplicaCounters) -> ReplicaCounters:
+        return ReplicaCounters(**{k: getattr(self, k) + getattr(other, k) for k in _COUNTERS.values()})
+
 
 def parse_counters(text: str) -> ReplicaCounters:
     """Sum each counter over its label sets (streaming or not, cache source)."""

@@ -50,6 +50,7 @@ from tests.bench.compare_cluster import (
     Cluster,
     CpuWatch,
     Relay,
+    ReplicaCounters,
     start_router,
     start_spillgate,
     wait_for_quiet,
@@ -85,6 +86,8 @@ class Settings:
     trace_dir: Path | None = None
     """Where to keep per-request data: the client's results for every run, the gateway's decisions for spillgate."""
     session_order: str = "random"
+    repeat: int = 1
+    """Runs per row and workload, seeds 0..repeat-1, pooled: a p99 over ~300 requests is the 3rd slowest one."""
     warmup_s: float = 0.0
     """Simulated seconds of arrivals sent before ``duration_s``, not counted in latencies and goodput."""
 
@@ -114,11 +117,14 @@ def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str, 
     return start_spillgate(cluster, policy, trace)
 
 
-def _trace_path(settings: Settings, router: str, policy: str, spec: WorkloadSpec, kind: str) -> Path | None:
+def _trace_path(
+    settings: Settings, router: str, policy: str, spec: WorkloadSpec, kind: str, seed: int = 0
+) -> Path | None:
     if settings.trace_dir is None:
         return None
     settings.trace_dir.mkdir(parents=True, exist_ok=True)
-    return settings.trace_dir / f"{router}-{policy}-{spec.name}-{kind}.jsonl"
+    run = f"-seed{seed}" if settings.repeat > 1 else ""
+    return settings.trace_dir / f"{router}-{policy}-{spec.name}{run}-{kind}.jsonl"
 
 
 def _write_client_results(path: Path | None, level: Any, time_scale: float) -> None:
@@ -141,12 +147,21 @@ def _write_client_results(path: Path | None, level: Any, time_scale: float) -> N
             out.write(json.dumps(row) + "\n")
 
 
-def measure(
-    settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec
-) -> tuple[RunFigures, LevelResult]:
-    """One cell group: a fresh router, flushed caches, the workload, the replicas' counters around it."""
+@dataclass
+class Run:
+    """One run of a row on one workload, before its figures are pooled with the row's other repeats."""
+
+    level: LevelResult
+    deltas: list[ReplicaCounters]
+    wall_s: float
+    cpu: tuple[float, float]
+    slo: Slo
+
+
+def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec, seed: int = 0) -> Run:
+    """One run: a fresh router, flushed caches, the workload, the replicas' counters around it."""
     wait_for_quiet()
-    trace = _trace_path(settings, router, policy, spec, "gateway")
+    trace = _trace_path(settings, router, policy, spec, "gateway", seed)
     if trace is not None:
         trace.unlink(missing_ok=True)
     relay = start_relay(settings, cluster, router, policy, trace)
@@ -162,6 +177,7 @@ def measure(
             slo=settings.slo(),
             warmup_s=settings.warmup_s,
             session_order=settings.session_order,
+            seed=seed,
         )
         started = time.monotonic()
         watch = CpuWatch((relay.service.pid, *(service.pid for service in cluster.services)))
@@ -173,12 +189,27 @@ def measure(
         after = cluster.counters()
     finally:
         relay.service.stop()
+    level = result.levels[0]
+    _write_client_results(_trace_path(settings, router, policy, spec, "client", seed), level, settings.time_scale)
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
-    _write_client_results(_trace_path(settings, router, policy, spec, "client"), result.levels[0], settings.time_scale)
-    slo = Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms)
-    fig = figures(result.levels[0], deltas, slo=slo, time_scale=settings.time_scale, wall_s=wall)
-    fig.cpu_own_cores, fig.cpu_other_cores = cpu
-    return fig, result.levels[0]
+    return Run(level, deltas, wall, cpu, Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms))
+
+
+def pooled(runs: list[Run], time_scale: float) -> RunFigures:
+    """One row's figures over its repeats: requests pooled, replica counters summed, CPU averaged."""
+    deltas = runs[0].deltas
+    for run in runs[1:]:
+        deltas = [a.plus(b) for a, b in zip(deltas, run.deltas, strict=True)]
+    fig = figures(
+        [run.level for run in runs],
+        deltas,
+        slo=runs[0].slo,
+        time_scale=time_scale,
+        wall_s=sum(run.wall_s for run in runs),
+    )
+    fig.cpu_own_cores = sum(run.cpu[0] for run in runs) / len(runs)
+    fig.cpu_other_cores = sum(run.cpu[1] for run in runs) / len(runs)
+    return fig
 
 
 class Reference:
@@ -201,9 +232,10 @@ class Reference:
         self._cluster.stop()
 
     def hit_rate(
-        self, settings: Settings, spec: WorkloadSpec, script: tuple[int, ...] | None = None
+        self, settings: Settings, spec: WorkloadSpec, seed: int = 0, script: tuple[int, ...] | None = None
     ) -> tuple[float | None, list[str]]:
-        """The hit rate of ``spec``'s requests (``script``: that order of session turns), and notes on it."""
+        """The hit rate of ``spec``'s requests under ``seed`` (``script``: that order of session turns), and
+        notes on it."""
         self._cluster.flush()
         before = self._cluster.counters()[0]
         config = BenchConfig(
@@ -216,6 +248,7 @@ class Reference:
             chat=spec.chat,
             session_order=settings.session_order,
             session_script=script,
+            seed=seed,
         )
         summary = asyncio.run(run_bench(config)).levels[0].summary
         delta = self._cluster.counters()[0].minus(before)
@@ -237,16 +270,25 @@ def session_script(level: LevelResult) -> tuple[int, ...] | None:
 
 
 def best_hit_rates(settings: Settings, reference: Reference) -> tuple[dict[str, float | None], list[str]]:
-    """Each workload's best hit rate for the requests it sends in a fixed order (gsp, trace)."""
+    """Each workload's best hit rate for the requests it sends in a fixed order (gsp, trace), over the seeds."""
     best: dict[str, float | None] = {}
     notes: list[str] = []
     for spec in settings.specs:
         if spec.workload == "chat":
             continue  # each row's own turns: see compare()
         _progress(f"best achievable hit rate: {spec.name}")
-        best[spec.name], more = reference.hit_rate(settings, spec)
-        notes += more
+        rates = []
+        for seed in range(settings.repeat):
+            rate, more = reference.hit_rate(settings, spec, seed)
+            rates.append(rate)
+            notes += more
+        best[spec.name] = _mean(rates)
     return best, notes
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
 
 
 def plan(settings: Settings) -> list[tuple[str, str]]:
@@ -264,11 +306,17 @@ def compare(settings: Settings, cluster: Cluster, reference: Reference, notes: l
         rows[label] = {}
         for spec in settings.specs:
             _progress(f"{label}: {spec.name}")
-            fig, level = measure(settings, cluster, router, policy, spec)
-            script = session_script(level)
-            if script is not None:
-                fig.best_hit_rate, more = reference.hit_rate(settings, spec, script)
-                notes += [f"{label}: {note}" for note in more]
+            runs = [measure(settings, cluster, router, policy, spec, seed) for seed in range(settings.repeat)]
+            fig = pooled(runs, settings.time_scale)
+            bests = []
+            for seed, run in enumerate(runs):
+                script = session_script(run.level)
+                if script is not None:
+                    best, more = reference.hit_rate(settings, spec, seed, script)
+                    bests.append(best)
+                    notes += [f"{label}: {note}" for note in more]
+            if bests:
+                fig.best_hit_rate = _mean(bests)
             rows[label][spec.name] = fig
             _progress(
                 f"  hit {_fmt(fig.hit_rate, 100, '%')}, TTFT p50/p99 {_fmt(fig.ttft_p50_ms)}/{_fmt(fig.ttft_p99_ms)}"
@@ -295,7 +343,11 @@ def find_rate(settings: Settings, cluster: Cluster) -> dict[str, Any]:
         points = []
         for rate in settings.sweep_rates.get(spec.name) or SWEEP_RATES.get(spec.name, (spec.rate,)):
             _progress(f"sweep {router} cache_aware: {spec.name} at {rate:g}/s")
-            fig, _ = measure(settings, cluster, router, "cache_aware", spec.with_rate(rate))
+            runs = [
+                measure(settings, cluster, router, "cache_aware", spec.with_rate(rate), seed)
+                for seed in range(settings.repeat)
+            ]
+            fig = pooled(runs, settings.time_scale)
             points.append((rate, fig))
         lightest = points[0][1].ttft_p50_ms or 0.0
         saturated = next(
@@ -401,7 +453,13 @@ def render(
         f"Time scale {settings.time_scale:g}: the replicas run {settings.time_scale:g} wall s per simulated s. "
         "Every time and rate below is simulated (wall / time scale); SLO for goodput: "
         f"TTFT <= {SLO_TTFT_MS:g} ms and TPOT <= {SLO_TPOT_MS:g} ms, simulated.",
-        "Load: "
+        (
+            ""
+            if settings.repeat == 1
+            else f"Each row and workload: {settings.repeat} runs (seeds 0-{settings.repeat - 1}), "
+            "pooled: percentiles over all their requests, rates over the sum of their arrival windows. "
+        )
+        + "Load: "
         + "; ".join(_load_line(spec, settings) for spec in settings.specs)
         + f". spillgate: prefill_tokens_per_s {SIM_PREFILL_TOKENS_PER_S:g} / time scale, health interval 0.5 s; "
         f"sglang-router {router_env.ROUTER_VERSION} with its defaults but the policy ({settings.router_note}).",
@@ -472,6 +530,7 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
         duration_s=args.duration,
         warmup_s=args.warmup,
         session_order=args.session_order,
+        repeat=args.repeat,
         specs=specs,
         spillgate_policies=policies,
         router_policies=router_policies,
@@ -532,6 +591,7 @@ def run(args: argparse.Namespace) -> int:
                 "duration_s": settings.duration_s,
                 "warmup_s": settings.warmup_s,
                 "session_order": settings.session_order,
+                "repeat": settings.repeat,
                 "slo_ttft_ms": SLO_TTFT_MS,
                 "slo_tpot_ms": SLO_TPOT_MS,
                 "workloads": {spec.name: _spec_json(spec, settings.sent_s()) for spec in settings.specs},
@@ -601,6 +661,12 @@ def main(argv: list[str] | None = None) -> int:
         help="simulated seconds of arrivals before --duration, sent but not counted in latencies and goodput",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per row and workload (seeds 0..N-1), pooled into one figure: steadier percentiles",
+    )
+    parser.add_argument(
         "--session-order",
         choices=SESSION_ORDERS,
         default="random",
@@ -627,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--replicas, --time-scale and --duration must be positive")
     if args.warmup < 0:
         parser.error("--warmup must be zero or positive")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     try:
         return run(args)
     except KeyboardInterrupt:

@@ -15,7 +15,8 @@ from typing import Any
 from backends.sim import timing
 from backends.sim.presets import get_preset
 from gateway.bench.api import LevelResult
-from gateway.bench.stats import Slo
+from gateway.bench.client import RequestResult
+from gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import PRESET, ReplicaCounters
 
 OTHER_CPU_WARN = 0.25
@@ -53,6 +54,8 @@ class RunFigures:
     sim_duration_s: float
     wall_s: float
     errors: dict[str, int]
+    runs: int = 1
+    """Repeats pooled into these figures (``--repeat``), each with its own seed."""
     best_hit_rate: float | None = None
     """The best achievable hit rate of this run's own requests, when they depended on its timing (chat)."""
     cpu_own_cores: float = 0.0
@@ -69,29 +72,37 @@ def _scaled(value: float | None, time_scale: float) -> float | None:
 
 
 def figures(
-    level: LevelResult, deltas: Sequence[ReplicaCounters], *, slo: Slo, time_scale: float, wall_s: float
+    levels: Sequence[LevelResult], deltas: Sequence[ReplicaCounters], *, slo: Slo, time_scale: float, wall_s: float
 ) -> RunFigures:
-    """Turn a bench level (wall clock) and the replicas' counter deltas (simulated) into one row's figures.
+    """Turn bench levels (wall clock) and the replicas' counter deltas (simulated) into one row's figures.
 
-    ``slo`` is in wall-clock milliseconds, as the level was measured.
+    Several levels are repeats of the same row (``--repeat``), pooled: percentiles over all their requests,
+    rates over the sum of their arrival windows, ``deltas`` summed over the runs. ``slo`` is in wall-clock
+    milliseconds, as the levels were measured.
     """
-    s = level.summary
-    measured = level.measured
+    measured = [r for level in levels for r in level.measured]
+    everything = [r for level in levels for r in level.results]
+    s = summarize(
+        measured,
+        duration_s=sum(level.summary.duration_s for level in levels),
+        unfinished=sum(level.summary.unfinished for level in levels),
+        slo=slo,
+    )
     ok = [r for r in measured if r.ok]
     requests = sum(d.requests for d in deltas)
     prompt = sum(d.prompt_tokens for d in deltas)
     cached = sum(d.cached_tokens for d in deltas)
     shares = [100.0 * d.requests / requests if requests else 0.0 for d in deltas]
     low, high = min(shares, default=0.0), max(shares, default=0.0)
-    sim_duration = (s.duration_s + level.warmup_s) / time_scale
-    starts = sorted(r.start for r in measured)
-    span = (starts[-1] - starts[0]) / time_scale if len(starts) > 1 else 0.0
+    sim_duration = sum(level.summary.duration_s + level.warmup_s for level in levels) / time_scale
+    spans = [_span(level.measured) / time_scale for level in levels]
+    span = sum(spans)
     sim_e2e_count = sum(d.e2e_count for d in deltas)
     sim_e2e_mean = sum(d.e2e_sum_s for d in deltas) / sim_e2e_count if sim_e2e_count else 0.0
     sim_ttft = sum(d.ttft_sum_s for d in deltas)
     sim_ttft_count = sum(d.ttft_count for d in deltas)
-    # The lag checks compare every request, warm-up included, with the replicas' counters over the same run.
-    every_ok = [r for r in level.results if r.ok]
+    # The lag checks compare every request, warm-up included, with the replicas' counters over the same runs.
+    every_ok = [r for r in everything if r.ok]
     client_e2e_mean = sum(r.e2e for r in every_ok) / len(every_ok) / time_scale if every_ok else 0.0
     client_ttft = [r.ttft / time_scale for r in every_ok if r.ttft is not None]
     met = sum(1 for r in measured if slo.met(r))
@@ -117,18 +128,27 @@ def figures(
         goodput_rps=met / span if span > 0 else 0.0,
         slo_pct=s.slo_attainment_pct,
         throughput_rps=s.request_throughput * time_scale,
-        offered_rps=(len(starts) - 1) / span if span > 0 else 0.0,
+        offered_rps=sum(max(0, len(level.measured) - 1) for level in levels) / span if span > 0 else 0.0,
         shares_pct=shares,
         spread=high / low if low > 0 else None,
         prefill_busy_pct=[100.0 * prefill_seconds(d) / sim_duration if sim_duration else 0.0 for d in deltas],
         window_prefill_busy_pct=window_busy,
-        warmup_requests=level.warmup_requests,
+        warmup_requests=sum(level.warmup_requests for level in levels),
         e2e_stretch=client_e2e_mean / sim_e2e_mean if sim_e2e_mean else None,
         ttft_overhead_ms=overhead,
         sim_duration_s=sim_duration,
         wall_s=wall_s,
         errors=dict(s.errors),
+        runs=len(levels),
     )
+
+
+def _span(results: Sequence[RequestResult]) -> float:
+    """Wall seconds from the first request sent to the last."""
+    if len(results) < 2:
+        return 0.0
+    starts = [r.start for r in results]
+    return max(starts) - min(starts)
 
 
 def prefill_seconds(delta: ReplicaCounters) -> float:

@@ -67,6 +67,7 @@ class WorkloadSpec:
         slo: tuple[float, float],
         warmup_s: float = 0.0,
         session_order: str = "random",
+        seed: int = 0,
     ) -> BenchConfig:
         """The ``spillgate bench`` run for one row, in wall-clock units: ``warmup_s`` then ``duration_s`` of
         arrivals, only those after the warm-up counted."""
@@ -80,6 +81,7 @@ class WorkloadSpec:
             num_requests=self.num_requests(warmup_s + duration_s),
             warmup_s=warmup_s * time_scale,
             session_order=session_order,
+            seed=seed,
             trace_speedup=self.trace_speedup / time_scale,
             slo_ttft_ms=ttft_ms * time_scale,
             slo_tpot_ms=tpot_ms * time_scale,

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+from gateway.bench.api import LevelResult
+from gateway.bench.client import RequestResult
+from gateway.bench.stats import Slo, summarize
+from tests.bench.compare_cluster import ReplicaCounters
 from tests.bench.compare_routers import targets
-from tests.bench.compare_table import RunFigures
+from tests.bench.compare_table import RunFigures, figures
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
@@ -107,3 +113,27 @@ def test_chat_hit_rates_are_judged_against_each_runs_own_best() -> None:
     lost_hits = {**router, "spillgate cache_aware": {"chat": _figures(0.430, 140.0, 75.0, best=0.458)}}
     (line,) = targets(lost_hits, {}, ["chat"])
     assert "(of their own best: 93.9% vs 99.1%): MISSED" in line
+
+
+def test_repeats_pool_into_one_row() -> None:
+    """Two runs of a row: percentiles over both runs' requests, goodput over the sum of their windows."""
+    slo = Slo(ttft_ms=1000.0, tpot_ms=50.0)
+
+    def level(ttfts: list[float]) -> LevelResult:
+        results = [
+            RequestResult(start=float(i), ok=True, ttft=t, tpot=0.01, e2e=t + 1.0, prompt_tokens=100, cached_tokens=50)
+            for i, t in enumerate(ttfts)
+        ]
+        summary = summarize(results, duration_s=len(ttfts) + 1.0, unfinished=0, slo=slo)
+        return LevelResult(label="r", concurrency=None, rate=1.0, summary=summary, results=results)
+
+    fast, slow = level([0.1] * 10), level([0.1] * 9 + [3.0])
+    counters = [ReplicaCounters(requests=20, prompt_tokens=2000, cached_tokens=1000, e2e_sum_s=25.0, e2e_count=20)]
+    fig = figures([fast, slow], counters, slo=slo, time_scale=1.0, wall_s=20.0)
+    assert fig.runs == 2 and fig.completed == 20
+    assert fig.ttft_p50_ms == pytest.approx(100.0)
+    assert fig.ttft_p99_ms is not None and 100.0 < fig.ttft_p99_ms < 3000.0, "one slow request in twenty"
+    assert fig.goodput_rps == pytest.approx(19 / 18), "19 met the SLO over two windows of 9 s"
+    assert fig.hit_rate == pytest.approx(0.5)
+    alone = figures([slow], counters, slo=slo, time_scale=1.0, wall_s=10.0)
+    assert alone.ttft_p99_ms is not None and alone.ttft_p99_ms > fig.ttft_p99_ms
