@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +21,11 @@ from tests.support.gateway import TENANT_KEY
 from tests.support.procs import REPO_ROOT, RunningProcess, free_port
 
 SMALL_GSP = GspKnobs(groups=4, prompts_per_group=6, system_tokens=512, question_tokens=32, output_tokens=16)
+
+
+def on_replica(replica: RunningProcess, **fields: Any) -> BenchConfig:
+    """A run straight against one simulated replica."""
+    return BenchConfig(url=replica.url, model="sim-model", **fields)
 
 
 async def test_gsp_through_the_gateway_hits_the_cache_and_spreads(gateway: RunningProcess) -> None:
@@ -39,9 +45,8 @@ async def test_gsp_through_the_gateway_hits_the_cache_and_spreads(gateway: Runni
 
 
 async def test_chat_later_turns_are_cached_on_one_replica(replicas: list[RunningProcess]) -> None:
-    config = BenchConfig(
-        url=replicas[0].url,
-        model="sim-model",
+    config = on_replica(
+        replicas[0],
         workload="chat",
         rate=50.0,
         chat=ChatKnobs(sessions=3, turns=3, user_tokens=64, output_tokens=16),
@@ -59,9 +64,8 @@ async def test_chat_later_turns_are_cached_on_one_replica(replicas: list[Running
 
 
 async def test_warmup_requests_load_the_replica_but_are_not_counted(replicas: list[RunningProcess]) -> None:
-    config = BenchConfig(
-        url=replicas[2].url,
-        model="sim-model",
+    config = on_replica(
+        replicas[2],
         workload="gsp",
         rate=40.0,
         num_requests=40,
@@ -95,7 +99,7 @@ def test_warmup_must_fit_the_run() -> None:
 
 async def test_a_session_script_replays_the_turns_a_run_sent(replicas: list[RunningProcess]) -> None:
     knobs = ChatKnobs(sessions=4, turns=3, user_tokens=32, output_tokens=8)
-    live = BenchConfig(url=replicas[0].url, model="sim-model", workload="chat", rate=200.0, chat=knobs, seed=31)
+    live = on_replica(replicas[0], workload="chat", rate=200.0, chat=knobs, seed=31)
     sent = sorted((await run_bench(live)).levels[0].results, key=lambda r: r.start)
     script = tuple(r.session for r in sent if r.session is not None)
     assert len(script) == 12 and sorted(set(script)) == [0, 1, 2, 3]
@@ -109,9 +113,8 @@ async def test_a_session_script_replays_the_turns_a_run_sent(replicas: list[Runn
 
 async def test_stop_gives_a_partial_report(replicas: list[RunningProcess]) -> None:
     stop = asyncio.Event()
-    config = BenchConfig(
-        url=replicas[1].url,
-        model="sim-model",
+    config = on_replica(
+        replicas[1],
         workload="gsp",
         concurrency=(2, 4),
         gsp=GspKnobs(groups=2, prompts_per_group=500, system_tokens=256, question_tokens=16, output_tokens=200),
