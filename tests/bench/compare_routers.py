@@ -256,17 +256,31 @@ class Reference:
         if summary.failed or summary.unfinished:
             notes.append(f"{spec.name}: {summary.failed + summary.unfinished} reference requests did not complete")
         stored = delta.prompt_tokens - delta.cached_tokens
-        if stored > self._capacity:
+        if script is None and stored > self._capacity:  # a script holds one conversation at a time
             notes.append(f"{spec.name}: {stored:,.0f} distinct tokens > the replica's {self._capacity:,} (evictions)")
         return (delta.cached_tokens / delta.prompt_tokens if delta.prompt_tokens else None), notes
 
 
 def session_script(level: LevelResult) -> tuple[int, ...] | None:
-    """The sessions of a chat run's turns in the order it sent them; ``None`` for independent requests."""
+    """The sessions of a chat run's turns, for its reference; ``None`` for independent requests.
+
+    Session by session (each session's turns in the order the run sent them): chat sessions share nothing but
+    the chat template, so this order has the same best hit rate as the run's own, and the reference replica
+    then holds one conversation at a time however long the run was, where the run's order would have it
+    evict older conversations once they outgrow its KV pool.
+    """
     sent = sorted(level.results, key=lambda result: result.start)
     if not sent or sent[0].session is None:
         return None
-    return tuple(result.session for result in sent if result.session is not None)
+    return by_session(tuple(result.session for result in sent if result.session is not None))
+
+
+def by_session(script: tuple[int, ...]) -> tuple[int, ...]:
+    """Turns grouped by session, sessions in order of their first turn, each session's turns in order."""
+    first: dict[int, int] = {}
+    for session in script:
+        first.setdefault(session, len(first))
+    return tuple(sorted(script, key=first.__getitem__))
 
 
 def best_hit_rates(settings: Settings, reference: Reference) -> tuple[dict[str, float | None], list[str]]:

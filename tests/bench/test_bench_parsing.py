@@ -10,7 +10,7 @@ from gateway.bench.api import LevelResult
 from gateway.bench.client import RequestResult
 from gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import ReplicaCounters
-from tests.bench.compare_routers import targets
+from tests.bench.compare_routers import by_session, targets
 from tests.bench.compare_table import RunFigures, figures
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
@@ -137,3 +137,8 @@ def test_repeats_pool_into_one_row() -> None:
     assert fig.hit_rate == pytest.approx(0.5)
     alone = figures([slow], counters, slo=slo, time_scale=1.0, wall_s=10.0)
     assert alone.ttft_p99_ms is not None and alone.ttft_p99_ms > fig.ttft_p99_ms
+
+
+def test_chat_reference_replays_one_session_at_a_time() -> None:
+    assert by_session((3, 1, 3, 2, 1, 3)) == (3, 3, 3, 1, 1, 2)
+    assert by_session(()) == ()
