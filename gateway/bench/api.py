@@ -42,13 +42,16 @@ class LevelResult:
     """Every finished request, warm-up included."""
     phases: list[PhaseSummary] = field(default_factory=list)
     warmup_s: float = 0.0
-    warmup_requests: int = 0
-    """Finished requests sent within ``warmup_s`` of the level's start: in ``results``, not in ``summary``."""
 
     @property
     def measured(self) -> list[RequestResult]:
         """The requests ``summary`` counts: those sent after the warm-up."""
         return [result for result in self.results if after_warmup(result, self.warmup_s)]
+
+    @property
+    def warmup_requests(self) -> int:
+        """Finished requests sent within ``warmup_s`` of the level's start: in ``results``, not in ``summary``."""
+        return len(self.results) - len(self.measured)
 
 
 def after_warmup(result: RequestResult, warmup_s: float) -> bool:
@@ -171,7 +174,6 @@ async def _run_one(
         results=run.results,
         phases=phases,
         warmup_s=config.warmup_s,
-        warmup_requests=len(run.results) - len(measured),
     )
 
 

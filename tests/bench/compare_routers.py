@@ -12,8 +12,9 @@ reported time are simulated (measured wall times divided by the time scale). The
 than real time) because on a small machine the cluster can only be made busy that way: an H100-class replica
 prefills ~30k tokens/s, far more prompts than two cores can tokenize, relay and stream at real time.
 
-    .venv/bin/python -m tests.bench.compare_routers [--replicas 4] [--time-scale 6] [--workloads gsp,chat]
-        [--rate gsp=110,gsp-zipf=210,chat=70] [--duration 4] [--warmup 0] [--json FILE] [--skip-router] [--find-rate]
+    .venv/bin/python -m tests.bench.compare_routers [--replicas 4] [--time-scale 6] [--workloads gsp,gsp-zipf,chat]
+        [--rate gsp=110,gsp-zipf=210,chat=70] [--duration 4] [--warmup 0] [--repeat 1] [--json FILE]
+        [--skip-router] [--find-rate]
 
 About 11 minutes at the defaults on 2 cores (21 runs of ~30 s wall). ``--find-rate`` sweeps rates through the
 cache-aware reference router instead and suggests one (``--rate gsp=100/130/160`` picks the rates).
@@ -195,6 +196,14 @@ def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec
     return Run(level, deltas, wall, cpu, Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms))
 
 
+def measure_row(
+    settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec
+) -> tuple[RunFigures, list[Run]]:
+    """A row's cell group: ``settings.repeat`` runs (seeds 0..repeat-1) and their pooled figures."""
+    runs = [measure(settings, cluster, router, policy, spec, seed) for seed in range(settings.repeat)]
+    return pooled(runs, settings.time_scale), runs
+
+
 def pooled(runs: list[Run], time_scale: float) -> RunFigures:
     """One row's figures over its repeats: requests pooled, replica counters summed, CPU averaged."""
     deltas = runs[0].deltas
@@ -246,7 +255,6 @@ class Reference:
             num_requests=len(script) if script is not None else spec.num_requests(settings.sent_s()),
             gsp=spec.gsp,
             chat=spec.chat,
-            session_order=settings.session_order,
             session_script=script,
             seed=seed,
         )
@@ -320,8 +328,7 @@ def compare(settings: Settings, cluster: Cluster, reference: Reference, notes: l
         rows[label] = {}
         for spec in settings.specs:
             _progress(f"{label}: {spec.name}")
-            runs = [measure(settings, cluster, router, policy, spec, seed) for seed in range(settings.repeat)]
-            fig = pooled(runs, settings.time_scale)
+            fig, runs = measure_row(settings, cluster, router, policy, spec)
             bests = []
             for seed, run in enumerate(runs):
                 script = session_script(run.level)
@@ -357,11 +364,7 @@ def find_rate(settings: Settings, cluster: Cluster) -> dict[str, Any]:
         points = []
         for rate in settings.sweep_rates.get(spec.name) or SWEEP_RATES.get(spec.name, (spec.rate,)):
             _progress(f"sweep {router} cache_aware: {spec.name} at {rate:g}/s")
-            runs = [
-                measure(settings, cluster, router, "cache_aware", spec.with_rate(rate), seed)
-                for seed in range(settings.repeat)
-            ]
-            fig = pooled(runs, settings.time_scale)
+            fig, _ = measure_row(settings, cluster, router, "cache_aware", spec.with_rate(rate))
             points.append((rate, fig))
         lightest = points[0][1].ttft_p50_ms or 0.0
         saturated = next(
