@@ -37,8 +37,6 @@ def decode_seconds(preset: Preset, batch_size: int, context_tokens: int) -> floa
 
 def prefill_seconds(preset: Preset, chunks: Iterable[tuple[int, int]]) -> float:
     """One prefill (extend) step; ``chunks`` holds (new tokens, tokens already in KV) per request."""
-    eff = preset.efficiency
-    model = preset.model
     new_tokens = 0
     attention_pairs = 0.0
     for extend, prefix in chunks:
@@ -46,10 +44,27 @@ def prefill_seconds(preset: Preset, chunks: Iterable[tuple[int, int]]) -> float:
         attention_pairs += extend * prefix + extend * extend / 2
     if new_tokens == 0:
         return 0.0
+    eff = preset.efficiency
+    return (
+        max(_prefill_flops_seconds(preset, new_tokens, attention_pairs), _weight_read_seconds(preset))
+        + eff.prefill_overhead_s
+        + _allreduce_seconds(preset)
+    )
+
+
+def prefill_compute_seconds(preset: Preset, extend: int, prefix: int) -> float:
+    """The compute alone of prefilling ``extend`` new tokens after ``prefix`` cached ones: no floor, no overhead.
+
+    What a prefill costs at the least, for references that must not be beaten by batching or scheduling.
+    """
+    return _prefill_flops_seconds(preset, extend, extend * prefix + extend * extend / 2)
+
+
+def _prefill_flops_seconds(preset: Preset, new_tokens: int, attention_pairs: float) -> float:
+    """The linear layers over ``new_tokens`` plus attention over ``attention_pairs`` (query, key) pairs."""
+    eff = preset.efficiency
+    model = preset.model
     peak = preset.gpu.peak_flops * preset.tp_size
     linear_s = 2 * model.num_params * new_tokens / (peak * eff.prefill_mfu)
     attention_flops = 4 * model.hidden_size * model.num_layers * attention_pairs
-    attention_s = attention_flops / (peak * eff.attention_mfu)
-    return (
-        max(linear_s + attention_s, _weight_read_seconds(preset)) + eff.prefill_overhead_s + _allreduce_seconds(preset)
-    )
+    return linear_s + attention_flops / (peak * eff.attention_mfu)

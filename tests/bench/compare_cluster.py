@@ -32,6 +32,9 @@ API_KEY = "sk-spillgate-compare"
 SPILLGATE_POLICIES = ("cache_aware", "least_load", "round_robin", "power_of_two", "consistent_hash")
 ROUTER_POLICIES = ("cache_aware", "round_robin")
 SIM_PREFILL_TOKENS_PER_S = 20000.0
+SLO_TTFT_MS = 1000.0
+SLO_TPOT_MS = 50.0
+"""The SLO goodput is judged by, simulated; the gateway's tenant is given it too (in wall time), as a user would."""
 """What the gateway is told a replica prefills per simulated second (``prefill_tokens_per_s`` / time scale)."""
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 only: ignore *_proxy
@@ -245,7 +248,8 @@ class Relay:
 
 
 def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: float) -> dict[str, Any]:
-    """One pool over the replicas, one route with ``policy``, one tenant (its key stored as a digest).
+    """One pool over the replicas, one route with ``policy``, one tenant (its key stored as a digest, its SLO
+    the bench's).
 
     ``prefill_tokens_per_s`` is per wall second, which the gateway measures in: the replicas run
     ``1 / time_scale`` times real speed.
@@ -262,7 +266,13 @@ def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: floa
             }
         ],
         "routes": [{"name": ROUTE, "targets": ["sims"], "policy": policy}],
-        "tenants": [{"name": "bench", "keys": ["sha256:" + hashlib.sha256(API_KEY.encode()).hexdigest()]}],
+        "tenants": [
+            {
+                "name": "bench",
+                "keys": ["sha256:" + hashlib.sha256(API_KEY.encode()).hexdigest()],
+                "slo": {"ttft_ms": SLO_TTFT_MS * time_scale, "tpot_ms": SLO_TPOT_MS * time_scale},
+            }
+        ],
     }
 
 

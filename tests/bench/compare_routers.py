@@ -34,19 +34,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gateway.bench.api import LevelResult, run_bench
+from backends.sim.presets import get_preset
+from gateway.bench.api import LevelResult, after_warmup, run_bench
 from gateway.bench.config import SESSION_ORDERS, BenchConfig
-from gateway.bench.stats import Slo
+from gateway.bench.stats import Slo, percentile
 from tests.bench import report, router_env
 from tests.bench.compare_cluster import (
     MODEL,
     PRESET,
     ROUTER_POLICIES,
     SIM_PREFILL_TOKENS_PER_S,
+    SLO_TPOT_MS,
+    SLO_TTFT_MS,
     SPILLGATE_POLICIES,
     Cluster,
     CpuWatch,
@@ -58,12 +62,11 @@ from tests.bench.compare_cluster import (
 )
 from tests.bench.compare_table import Rows, RunFigures, details_table, figures, main_table
 from tests.bench.compare_workloads import SWEEP_RATES, WorkloadSpec, parse_rates, workload_spec
+from tests.bench.ideal_placement import IdealRequest, ideal_ttfts
 from tests.bench.services import REPO_ROOT
 
 REFERENCE_TIME_SCALE = 0.01
 """The best-hit reference runs one request at a time, where timing cannot change the hit rate: run it fast."""
-SLO_TTFT_MS = 1000.0
-SLO_TPOT_MS = 50.0
 SATURATION_TTFT_FACTOR = 3.0
 """``--find-rate``: the cluster is saturated once the median TTFT is this many times the lightest rate's."""
 BUSY_TARGET = 0.7
@@ -240,11 +243,10 @@ class Reference:
     def stop(self) -> None:
         self._cluster.stop()
 
-    def hit_rate(
+    def replay(
         self, settings: Settings, spec: WorkloadSpec, seed: int = 0, script: tuple[int, ...] | None = None
-    ) -> tuple[float | None, list[str]]:
-        """The hit rate of ``spec``'s requests under ``seed`` (``script``: that order of session turns), and
-        notes on it."""
+    ) -> Replay:
+        """``spec``'s requests under ``seed`` (``script``: that order of session turns), one at a time."""
         self._cluster.flush()
         before = self._cluster.counters()[0]
         config = BenchConfig(
@@ -258,7 +260,8 @@ class Reference:
             session_script=script,
             seed=seed,
         )
-        summary = asyncio.run(run_bench(config)).levels[0].summary
+        level = asyncio.run(run_bench(config)).levels[0]
+        summary = level.summary
         delta = self._cluster.counters()[0].minus(before)
         notes = []
         if summary.failed or summary.unfinished:
@@ -266,7 +269,22 @@ class Reference:
         stored = delta.prompt_tokens - delta.cached_tokens
         if script is None and stored > self._capacity:  # a script holds one conversation at a time
             notes.append(f"{spec.name}: {stored:,.0f} distinct tokens > the replica's {self._capacity:,} (evictions)")
-        return (delta.cached_tokens / delta.prompt_tokens if delta.prompt_tokens else None), notes
+        sent = sorted(level.results, key=lambda result: result.start)
+        return Replay(
+            hit_rate=delta.cached_tokens / delta.prompt_tokens if delta.prompt_tokens else None,
+            requests=[(result.prompt_tokens, result.cached_tokens) for result in sent if result.ok],
+            notes=notes,
+        )
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the best achievable reference made of one run's requests."""
+
+    hit_rate: float | None
+    requests: list[tuple[int, int]]
+    """Prompt and cached tokens of each request, in the order replayed (failed ones left out)."""
+    notes: list[str]
 
 
 def session_script(level: LevelResult) -> tuple[int, ...] | None:
@@ -285,27 +303,48 @@ def session_script(level: LevelResult) -> tuple[int, ...] | None:
 
 def by_session(script: tuple[int, ...]) -> tuple[int, ...]:
     """Turns grouped by session, sessions in order of their first turn, each session's turns in order."""
-    first: dict[int, int] = {}
-    for session in script:
+    return tuple(script[index] for index in replay_order(script))
+
+
+def replay_order(sessions: Sequence[int | None]) -> list[int]:
+    """Which of a run's requests (in send order) the reference replays first, second, ...: the run's own order
+    for independent requests, chat turns session by session (:func:`by_session`)."""
+    if not sessions or sessions[0] is None:
+        return list(range(len(sessions)))
+    first: dict[int | None, int] = {}
+    for session in sessions:
         first.setdefault(session, len(first))
-    return tuple(sorted(script, key=first.__getitem__))
+    return sorted(range(len(sessions)), key=lambda index: first[sessions[index]])
 
 
-def best_hit_rates(settings: Settings, reference: Reference) -> tuple[dict[str, float | None], list[str]]:
-    """Each workload's best hit rate for the requests it sends in a fixed order (gsp, trace), over the seeds."""
-    best: dict[str, float | None] = {}
-    notes: list[str] = []
+def ideal_ttft_p99_ms(runs: list[Run], replays: list[Replay], replicas: int, time_scale: float) -> float | None:
+    """TTFT p99 of the ideal placement (:mod:`tests.bench.ideal_placement`) of the runs' own requests, pooled
+    as their own p99 is; ``None`` when a run and its replay do not hold the same requests."""
+    preset = get_preset(PRESET)
+    ttfts: list[float] = []
+    for run, replay in zip(runs, replays, strict=True):
+        sent = sorted((result for result in run.level.results if result.ok), key=lambda result: result.start)
+        if len(sent) != len(replay.requests):
+            return None
+        requests: list[IdealRequest | None] = [None] * len(sent)
+        for index, (prompt, cached) in zip(replay_order([r.session for r in sent]), replay.requests, strict=True):
+            requests[index] = IdealRequest(sent[index].start / time_scale, prompt, cached)
+        ideal = ideal_ttfts([r for r in requests if r is not None], replicas, preset)
+        ttfts += [ttft for ttft, result in zip(ideal, sent, strict=True) if after_warmup(result, run.level.warmup_s)]
+    p99 = percentile(ttfts, 99)
+    return None if p99 is None else 1000.0 * p99
+
+
+def fixed_replays(settings: Settings, reference: Reference) -> dict[str, list[Replay]]:
+    """The reference's replays, one per seed, of the workloads that send the same requests in every row (gsp,
+    trace); chat rows each get their own (see :func:`compare`)."""
+    replays: dict[str, list[Replay]] = {}
     for spec in settings.specs:
         if spec.workload == "chat":
-            continue  # each row's own turns: see compare()
+            continue
         _progress(f"best achievable hit rate: {spec.name}")
-        rates = []
-        for seed in range(settings.repeat):
-            rate, more = reference.hit_rate(settings, spec, seed)
-            rates.append(rate)
-            notes += more
-        best[spec.name] = _mean(rates)
-    return best, notes
+        replays[spec.name] = [reference.replay(settings, spec, seed) for seed in range(settings.repeat)]
+    return replays
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -321,7 +360,9 @@ def plan(settings: Settings) -> list[tuple[str, str]]:
     return rows
 
 
-def compare(settings: Settings, cluster: Cluster, reference: Reference, notes: list[str]) -> Rows:
+def compare(
+    settings: Settings, cluster: Cluster, reference: Reference, fixed: dict[str, list[Replay]], notes: list[str]
+) -> Rows:
     rows: Rows = {}
     for router, policy in plan(settings):
         label = f"{router} {policy}"
@@ -329,20 +370,20 @@ def compare(settings: Settings, cluster: Cluster, reference: Reference, notes: l
         for spec in settings.specs:
             _progress(f"{label}: {spec.name}")
             fig, runs = measure_row(settings, cluster, router, policy, spec)
-            bests = []
-            for seed, run in enumerate(runs):
-                script = session_script(run.level)
-                if script is not None:
-                    best, more = reference.hit_rate(settings, spec, seed, script)
-                    bests.append(best)
-                    notes += [f"{label}: {note}" for note in more]
-            if bests:
-                fig.best_hit_rate = _mean(bests)
+            replays = fixed.get(spec.name)
+            if replays is None:  # chat: this row's own turns
+                replays = []
+                for seed, run in enumerate(runs):
+                    replay = reference.replay(settings, spec, seed, session_script(run.level))
+                    replays.append(replay)
+                    notes += [f"{label}: {note}" for note in replay.notes]
+                fig.best_hit_rate = _mean([replay.hit_rate for replay in replays])
+            fig.ideal_ttft_p99_ms = ideal_ttft_p99_ms(runs, replays, settings.replicas, settings.time_scale)
             rows[label][spec.name] = fig
             _progress(
                 f"  hit {_fmt(fig.hit_rate, 100, '%')}, TTFT p50/p99 {_fmt(fig.ttft_p50_ms)}/{_fmt(fig.ttft_p99_ms)}"
-                f" ms, goodput {fig.goodput_rps:.1f}/s, {fig.failed} failed, E2E stretch {_fmt(fig.e2e_stretch)},"
-                f" {fig.wall_s:.0f} s"
+                f" ms (ideal placement p99 {_fmt(fig.ideal_ttft_p99_ms)}), goodput {fig.goodput_rps:.1f}/s,"
+                f" {fig.failed} failed, E2E stretch {_fmt(fig.e2e_stretch)}, {fig.wall_s:.0f} s"
             )
     return rows
 
@@ -423,15 +464,26 @@ def targets(rows: Rows, best: dict[str, float | None], workloads: list[str]) -> 
             ok = a.hit_rate >= 0.95 * top
             checks.append(f"hit within 5% of best {top:.1%} (>= {0.95 * top:.1%}): {'met' if ok else 'MISSED'}")
         if b is not None and a.ttft_p99_ms and b.ttft_p99_ms:
-            ratio = a.ttft_p99_ms / b.ttft_p99_ms
-            checks.append(
-                f"TTFT p99 {ratio:.2f}x sglang-router's (goal <= 0.7x): {'met' if ratio <= 0.7 else 'MISSED'}"
-            )
+            checks.append(_ttft_check(a, b))
         if r is not None and r.goodput_rps > 0:
             ratio = a.goodput_rps / r.goodput_rps
             checks.append(f"goodput {ratio:.2f}x round_robin's (goal >= 1.5x): {'met' if ratio >= 1.5 else 'MISSED'}")
         lines.append(f"- {name}: " + "; ".join(checks))
     return lines
+
+
+def _ttft_check(a: RunFigures, b: RunFigures) -> str:
+    """Spillgate's TTFT p99 against the router's, and the goal against what the ideal placement reached."""
+    assert a.ttft_p99_ms and b.ttft_p99_ms
+    ratio = a.ttft_p99_ms / b.ttft_p99_ms
+    check = f"TTFT p99 {ratio:.2f}x sglang-router's (goal <= 0.7x): {'met' if ratio <= 0.7 else 'MISSED'}"
+    if a.ideal_ttft_p99_ms:
+        goal = 0.7 * b.ttft_p99_ms
+        check += (
+            f" ({a.ttft_p99_ms:.0f} ms against a goal of {goal:.0f} ms; the ideal placement of the same requests:"
+            f" {a.ideal_ttft_p99_ms:.0f} ms{', above the goal' if a.ideal_ttft_p99_ms > goal else ''})"
+        )
+    return check
 
 
 def _hit_check(a: RunFigures, b: RunFigures) -> str:
@@ -497,7 +549,10 @@ def render(
     lines += [
         "",
         "Details (est. prefill busy: the simulator's prefill roofline over each replica's uncached tokens, "
-        "per simulated second of the run; E2E stretch: client E2E / the replicas' own simulated E2E, 1.0 when the "
+        "per simulated second of the run; ideal placement TTFT p99: the row's own requests at the times it sent "
+        "them, each finding the best achievable cache, prefilled one per pass on whichever replica frees first at "
+        "the roofline's compute time, no decode or pass overhead: a floor no router can beat; "
+        "E2E stretch: client E2E / the replicas' own simulated E2E, 1.0 when the "
         "replicas kept simulated time; TTFT overhead: client mean TTFT minus the replicas' mean, simulated ms, "
         "i.e. tokenizing, relaying and streaming on this machine's CPUs):",
         "",
@@ -581,8 +636,10 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work_dir, ignore_errors=True)
             return 0
         reference.start()
-        best, best_notes = best_hit_rates(settings, reference)
-        rows = compare(settings, cluster, reference, best_notes)
+        fixed = fixed_replays(settings, reference)
+        best = {name: _mean([replay.hit_rate for replay in replays]) for name, replays in fixed.items()}
+        best_notes = [note for replays in fixed.values() for replay in replays for note in replay.notes]
+        rows = compare(settings, cluster, reference, fixed, best_notes)
         ok = True
     finally:
         reference.stop()

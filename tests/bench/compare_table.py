@@ -58,6 +58,8 @@ class RunFigures:
     """Repeats pooled into these figures (``--repeat``), each with its own seed."""
     best_hit_rate: float | None = None
     """The best achievable hit rate of this run's own requests, when they depended on its timing (chat)."""
+    ideal_ttft_p99_ms: float | None = None
+    """TTFT p99 of the ideal placement of this run's own requests (:mod:`tests.bench.ideal_placement`)."""
     cpu_own_cores: float = 0.0
     """Cores the replicas, the router and the load generator used, on average over the run."""
     cpu_other_cores: float = 0.0
@@ -236,6 +238,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
         "replica shares %",
         "est. prefill busy % per replica",
         "est. prefill busy % measured",
+        "ideal placement TTFT p99 ms",
         "client hit",
         "E2E stretch",
         "TTFT overhead ms",
@@ -260,6 +263,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
                     " ".join(f"{share:.0f}" for share in fig.shares_pct),
                     " ".join(f"{busy:.0f}" for busy in fig.prefill_busy_pct),
                     "-" if fig.window_prefill_busy_pct is None else f"{fig.window_prefill_busy_pct:.0f}",
+                    _ms(fig.ideal_ttft_p99_ms),
                     _pct(fig.client_hit_rate),
                     stretch,
                     _ms(fig.ttft_overhead_ms),

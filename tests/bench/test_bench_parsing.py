@@ -6,12 +6,15 @@ import math
 
 import pytest
 
+from backends.sim import timing
+from backends.sim.presets import get_preset
 from gateway.bench.api import LevelResult
 from gateway.bench.client import RequestResult
 from gateway.bench.stats import Slo, summarize
-from tests.bench.compare_cluster import ReplicaCounters
-from tests.bench.compare_routers import by_session, targets
+from tests.bench.compare_cluster import PRESET, ReplicaCounters
+from tests.bench.compare_routers import Replay, Run, by_session, ideal_ttft_p99_ms, targets
 from tests.bench.compare_table import RunFigures, figures
+from tests.bench.ideal_placement import IdealRequest, ideal_ttfts
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
@@ -142,3 +145,46 @@ def test_repeats_pool_into_one_row() -> None:
 def test_chat_reference_replays_one_session_at_a_time() -> None:
     assert by_session((3, 1, 3, 2, 1, 3)) == (3, 3, 3, 1, 1, 2)
     assert by_session(()) == ()
+
+
+def test_ideal_placement_queues_on_the_first_free_replica() -> None:
+    """Two replicas, three cold prompts at once: the third waits for the first; a cached prefix costs less."""
+    preset = get_preset(PRESET)
+    cold = timing.prefill_compute_seconds(preset, 2000, 0)
+    warm = timing.prefill_compute_seconds(preset, 100, 1900)
+    requests = [IdealRequest(0.0, 2000, 0), IdealRequest(0.0, 2000, 0), IdealRequest(0.0, 2000, 0)]
+    assert ideal_ttfts(requests, 2, preset) == pytest.approx([cold, cold, 2 * cold])
+    later = [IdealRequest(10.0, 2000, 1900), IdealRequest(0.0, 2000, 0)]
+    assert ideal_ttfts(later, 1, preset) == pytest.approx([warm, cold]), "results keep the order given"
+    assert warm < cold / 5
+
+
+def test_ideal_placement_maps_a_chat_replay_back_to_the_run() -> None:
+    """The reference replays chat turns session by session: each turn's best cache goes back to that turn."""
+    preset = get_preset(PRESET)
+    slo = Slo(ttft_ms=1000.0, tpot_ms=50.0)
+    sent = [(0.0, 7, 1000), (1.0, 9, 1000), (2.0, 7, 2000)]  # (start, session, prompt tokens)
+    results = [RequestResult(start=t, ok=True, ttft=0.1, e2e=0.5, prompt_tokens=p, session=s) for t, s, p in sent]
+    level = LevelResult(
+        label="r", concurrency=None, rate=1.0, summary=summarize(results, duration_s=3.0, unfinished=0, slo=slo),
+        results=results, warmup_s=0.5,
+    )  # fmt: skip
+    run = Run(level, [], 30.0, (1.0, 0.0), slo)
+    # Replayed as session 7's two turns, then session 9's: the second turn of 7 found 1,000 tokens cached.
+    replay = Replay(hit_rate=0.25, requests=[(1000, 0), (2000, 1000), (1000, 0)], notes=[])
+    expected = ideal_ttfts(
+        [IdealRequest(0.0, 1000, 0), IdealRequest(1.0, 1000, 0), IdealRequest(2.0, 2000, 1000)], 1, preset
+    )
+    measured = expected[1:]  # the first was sent within the warm-up
+    p99 = ideal_ttft_p99_ms(runs=[run], replays=[replay], replicas=1, time_scale=1.0)
+    assert p99 == pytest.approx(1000.0 * (measured[0] + 0.99 * (measured[1] - measured[0])))
+    assert ideal_ttft_p99_ms([run], [Replay(0.25, replay.requests[:2], [])], 1, 1.0) is None, "a request missing"
+
+
+def test_ttft_verdict_names_the_ideal_placement() -> None:
+    rows = {"sglang-router cache_aware": {"gsp": _figures(0.79, 337.0, 118.0)}}
+    ours = _figures(0.80, 280.0, 118.0)
+    ours.ideal_ttft_p99_ms = 250.0
+    (line,) = targets({**rows, "spillgate cache_aware": {"gsp": ours}}, {"gsp": 0.804}, ["gsp"])
+    assert "TTFT p99 0.83x sglang-router's (goal <= 0.7x): MISSED" in line
+    assert "(280 ms against a goal of 236 ms; the ideal placement of the same requests: 250 ms, above the goal)" in line

@@ -1,0 +1,45 @@
+"""What the best placement could have done with a run's requests: a TTFT reference, not a router.
+
+The run's own requests, at the times it sent them, each finding as much of its prompt cached as the best
+achievable reference found (one replica holding everything), are prefilled one request per pass on whichever
+of the replicas frees first (one queue, in arrival order), each pass taking the simulator's roofline compute
+time for that prefill and nothing else.
+
+Optimistic on purpose, so that it is a floor: every prefix is on every replica at no cost, no decode step,
+pass overhead or batch ever delays a prefill, and the router knows to the microsecond when each replica frees.
+No router that forwards requests in the order they come can beat it. The distance from a router's TTFT p99
+down to it is shared by placement, the replicas' own batching and decode steps, and the prefill a prefix
+costs wherever it moves. A TTFT goal below it asks for what no placement can give.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backends.sim import timing
+from backends.sim.presets import Preset
+
+
+@dataclass(frozen=True, slots=True)
+class IdealRequest:
+    arrival_s: float
+    """Simulated seconds from the run's start."""
+    prompt_tokens: int
+    cached_tokens: int
+    """The most of the prompt any placement could find cached: the best achievable reference's count."""
+
+
+def ideal_ttfts(requests: Sequence[IdealRequest], replicas: int, preset: Preset) -> list[float]:
+    """Each request's TTFT in simulated seconds under the ideal placement, in the order given."""
+    free_at = [0.0] * replicas
+    ttfts = [0.0] * len(requests)
+    for index in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
+        request = requests[index]
+        start = max(request.arrival_s, heapq.heappop(free_at))
+        uncached = max(0, request.prompt_tokens - request.cached_tokens)
+        end = start + timing.prefill_compute_seconds(preset, uncached, request.prompt_tokens - uncached)
+        heapq.heappush(free_at, end)
+        ttfts[index] = end - request.arrival_s
+    return ttfts
