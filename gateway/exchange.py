@@ -10,6 +10,7 @@ from typing import Any
 
 from backends.hosted import Price
 from backends.registry import Backend
+from gateway.coalesce import Lead
 from gateway.errors import ApiError
 from gateway.prefix import Fingerprint
 from gateway.tenants import Tenant
@@ -59,6 +60,8 @@ class Attempt:
     prefix_tokens: dict[str, int] = field(default_factory=dict)
     pending_prefill: int = 0
     """Uncached prompt tokens booked on the backend until its first token arrives."""
+    lead: Lead | None = None
+    """This request's place in its replica's prefill order and the new prefix blocks it computes there."""
     stream: bool = False
     sent_at: float = 0.0
     booked_tokens: int = 0

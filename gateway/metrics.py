@@ -51,6 +51,13 @@ class GatewayMetrics:
             ("backend", "kind"),
             registry=self.registry,
         )
+        self.prefill_waits = Counter(
+            "spillgate_prefill_waits",
+            "Requests held until another request finished prefilling their prefix on the backend, so that they "
+            "found it cached rather than computing it again.",
+            ("backend",),
+            registry=self.registry,
+        )
         self.spend = Counter(
             "spillgate_spend_usd",
             "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",

@@ -8,6 +8,7 @@ upstream connection and so aborts the generation on the replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -54,6 +55,10 @@ _FAILURES = {
 }
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
+SHARED_PREFILL_MIN_TOKENS = 256
+"""A prefill of fewer shared tokens than this is not worth waiting for: computing them again costs less."""
+SHARED_PREFILL_MAX_WAIT_S = 10.0
+"""The longest a request waits for another's prefill (or its tenant's TTFT target, if shorter)."""
 """Output length booked for a request that sets no max_tokens."""
 _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 _GATEWAY_OWNED_FIELDS = (
@@ -302,6 +307,8 @@ class CompletionsHandler:
             attempt.reason = decision.reason if index == 0 else "fallback"
             attempt.first_token_at = 0.0
             attempt.usage = None
+            if index == 0 and backend.kind == "replica" and attempt.stream:
+                await self._await_shared_prefill(backend, attempt)
             self._book(backend, parsed, attempt)
             try:
                 if backend.kind == "hosted":
@@ -351,6 +358,25 @@ class CompletionsHandler:
         finally:
             response.close()
 
+    async def _await_shared_prefill(self, backend: Backend, attempt: Attempt) -> None:
+        """If a request sent earlier will compute this one's prefix on ``backend`` but has not started, wait until
+        it has, so that this one lands in a later batch and finds the prefix cached (:mod:`gateway.coalesce`)."""
+        fingerprint = attempt.fingerprint
+        if fingerprint is None:
+            return
+        state = self._state
+        lead, blocks = state.prefilling.computing(
+            backend.name, fingerprint.hashes, attempt.matched_blocks.get(backend.name, 0)
+        )
+        if lead is None or lead.started.done() or blocks * state.prefix.tokens_per_block < SHARED_PREFILL_MIN_TOKENS:
+            return
+        state.metrics.prefill_waits.labels(backend.name).inc()
+        limit = SHARED_PREFILL_MAX_WAIT_S
+        if attempt.tenant is not None:
+            limit = min(limit, attempt.tenant.ttft_slo_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(lead.started), limit)
+
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
         slots_full = backend.max_running and backend.in_flight >= backend.max_running
@@ -361,13 +387,24 @@ class CompletionsHandler:
         backend.outstanding_tokens += attempt.booked_tokens
         attempt.pending_prefill = max(0, parsed.prompt_tokens - attempt.prefix_tokens.get(backend.name, 0))
         backend.pending_prefill_tokens += attempt.pending_prefill
-        if attempt.fingerprint is not None:
-            self._state.prefix.dispatched(backend.name, attempt.fingerprint)
+        fingerprint = attempt.fingerprint
+        if fingerprint is not None:
+            self._state.prefix.dispatched(backend.name, fingerprint)
+        if backend.kind == "replica" and attempt.stream:
+            # Streams only: a whole response shows its first token at the end, long after its prefill.
+            attempt.lead = self._state.prefilling.sent(
+                backend.name,
+                fingerprint.hashes if fingerprint is not None else (),
+                attempt.matched_blocks.get(backend.name, 0),
+            )
 
     def _first_token(self, backend: Backend, attempt: Attempt) -> None:
         attempt.first_token_at = time.perf_counter()
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
+        if attempt.lead is not None:
+            self._state.prefilling.ended(attempt.lead)
+            attempt.lead = None
 
     def _settle(self, backend: Backend, attempt: Attempt, *, prefilled: bool) -> None:
         """Undo :meth:`_book` and feed what the backend reported back into the prefix index."""
@@ -375,6 +412,9 @@ class CompletionsHandler:
         backend.outstanding_tokens -= attempt.booked_tokens
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
+        if attempt.lead is not None:
+            self._state.prefilling.ended(attempt.lead)
+            attempt.lead = None
         if prefilled and attempt.stream and attempt.usage is not None:
             _learn_prefill_rate(backend, attempt)
         fingerprint = attempt.fingerprint

@@ -14,6 +14,7 @@ from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
 from gateway.accounting import Accountant, make_client
 from gateway.catalog import Catalog, Endpoints, build_catalog
+from gateway.coalesce import PrefillsInFlight
 from gateway.config import GatewayConfig
 from gateway.live_config import LiveConfig
 from gateway.metrics import GatewayMetrics
@@ -39,6 +40,8 @@ class GatewayState:
     upstream: Http1Client
     metrics: GatewayMetrics
     prefix: PrefixTracker
+    prefilling: PrefillsInFlight = field(default_factory=PrefillsInFlight)
+    """Prefix blocks each replica is computing now, for requests that share them to wait for."""
     hosted_models: Mapping[str, HostedModel] = field(default_factory=dict)
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
     live: LiveConfig | None = None

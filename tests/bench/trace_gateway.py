@@ -69,16 +69,17 @@ def install(path: str) -> None:
 
     out = open(path, "ab")  # noqa: SIM115  (open for the life of the process)
 
-    book = proxy.CompletionsHandler._book
+    decide = proxy.CompletionsHandler._decide
 
-    def traced_book(self: Any, backend: Any, parsed: Any, attempt: Any) -> None:
-        # The decision was made synchronously just before the first attempt is booked; a fallback attempt
-        # finds nothing new and keeps the first decision.
+    def traced_decide(self: Any, request: Any, route: Any, targets: Any, attempt: Any) -> Any:
+        # The policy ran synchronously inside: its record is this request's (a request deciding again, after
+        # a budget refusal, keeps the last decision).
         global _last_decision
+        decision = decide(self, request, route, targets, attempt)
         if _last_decision is not None:
             _pending[attempt.request_id] = _last_decision
             _last_decision = None
-        book(self, backend, parsed, attempt)
+        return decision
 
     record = proxy.CompletionsHandler._record
 
@@ -104,7 +105,7 @@ def install(path: str) -> None:
         out.write(orjson.dumps(entry) + b"\n")
         out.flush()
 
-    proxy.CompletionsHandler._book = traced_book
+    proxy.CompletionsHandler._decide = traced_decide
     proxy.CompletionsHandler._record = traced_record
 
 

@@ -1,0 +1,72 @@
+"""Requests sharing a new prefix: the first one sent computes it, the others wait and find it cached."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.procs import RunningProcess
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """One replica at a third of real speed: the blocker's 6k-token prefill takes about half a second there."""
+    log_dir: Path = tmp_path_factory.mktemp("shared-prefill")
+    replica = start_replica(log_dir, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
+    config = gateway_config([replica.url])
+    config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
+    gateway = start_gateway(config, log_dir)
+    yield gateway
+    gateway.stop()
+    replica.stop()
+
+
+def words(tag: str, count: int) -> str:
+    return " ".join(f"{tag}{i}" for i in range(count))
+
+
+def stream(client: openai.OpenAI, system: str, question: str) -> tuple[int, int]:
+    """Prompt and cached tokens of one streamed answer."""
+    chunks = client.chat.completions.create(
+        model="aware",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [chunk.usage for chunk in chunks if chunk.usage is not None][-1]
+    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_request_waits_for_the_prefill_of_the_prefix_it_shares(gateway: RunningProcess) -> None:
+    """Without the wait, both requests would reach the replica while it prefills the blocker, share its next
+    batch, and both compute the new system prompt."""
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    system = "You answer for the shared-prefill team. " + words("rule", 1500)
+    results: dict[str, tuple[int, int]] = {}
+
+    def send(name: str, prompt: str, question: str) -> None:
+        results[name] = stream(client, prompt, question)
+
+    blocker = threading.Thread(target=send, args=("blocker", words("block", 2000), "go"))
+    blocker.start()
+    time.sleep(0.15)  # the replica is prefilling the blocker
+    first = threading.Thread(target=send, args=("first", system, "first question"))
+    first.start()
+    time.sleep(0.1)  # the gateway has sent the first one on
+    send("second", system, "second question")
+    first.join()
+    blocker.join()
+    prompt, cached = results["second"]
+    shared = results["first"][0] - results["first"][1]
+    assert cached > 0.8 * shared, f"the second request found {cached} of the {shared} tokens the first computed"
+    assert prompt - cached < 0.2 * prompt
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'spillgate_prefill_waits_total{backend="pool-0"} 1.0' in metrics
