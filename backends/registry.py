@@ -41,6 +41,8 @@ class Backend:
     prefill_tokens_per_s: float = 20000.0
     """The configured prior; ``prefill.rate`` is what routing uses once measurements exist."""
     max_running: int = 0
+    prefill_batch_tokens: int = 0
+    """New tokens one prefill batch takes (SGLang's ``chunked_prefill_size``); 0 when unknown."""
     mean_service_s: float = 0.0
     tier: int = 0
     context_window: int = 0
@@ -207,6 +209,7 @@ class BackendRegistry:
                     server_info = info.json()
                     backend.max_total_tokens = int(server_info.get("max_total_num_tokens") or 0)
                     backend.max_running = int(server_info.get("max_running_requests") or 0)
+                    backend.prefill_batch_tokens = max(0, int(server_info.get("chunked_prefill_size") or 0))
                     if backend.max_total_tokens and self._events is not None:
                         self._events.capacity_known(backend.name, backend.max_total_tokens)
         except (httpx.HTTPError, ValueError) as exc:

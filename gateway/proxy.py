@@ -396,6 +396,8 @@ class CompletionsHandler:
                 backend.name,
                 fingerprint.hashes if fingerprint is not None else (),
                 attempt.matched_blocks.get(backend.name, 0),
+                attempt.pending_prefill,
+                backend.prefill_batch_tokens,
             )
 
     def _first_token(self, backend: Backend, attempt: Attempt) -> None:
