@@ -54,9 +54,7 @@ class PrefillsInFlight:
         """Per replica, the requests not past their first token, in the order they were sent."""
         self._batch_tokens: dict[str, int] = {}
 
-    def sent(
-        self, replica: str, hashes: Sequence[int], cached_blocks: int, tokens: int, batch_tokens: int = 0
-    ) -> Lead:
+    def sent(self, replica: str, hashes: Sequence[int], cached_blocks: int, tokens: int, batch_tokens: int = 0) -> Lead:
         """A request goes to ``replica`` to prefill ``tokens`` tokens, among them the blocks
         ``hashes[cached_blocks:]``; ``batch_tokens`` is the replica's prefill batch budget (0: the default).
         A block that an earlier request is computing stays that request's: it finishes first."""
