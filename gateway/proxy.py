@@ -55,11 +55,11 @@ _FAILURES = {
 }
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
+"""Output length booked for a request that sets no max_tokens."""
 SHARED_PREFILL_MIN_TOKENS = 256
 """A prefill of fewer shared tokens than this is not worth waiting for: computing them again costs less."""
 SHARED_PREFILL_MAX_WAIT_S = 10.0
 """The longest a request waits for another's prefill (or its tenant's TTFT target, if shorter)."""
-"""Output length booked for a request that sets no max_tokens."""
 _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 _GATEWAY_OWNED_FIELDS = (
     "rid",
