@@ -53,8 +53,8 @@ class GatewayMetrics:
         )
         self.prefill_waits = Counter(
             "spillgate_prefill_waits",
-            "Requests held until another request finished prefilling their prefix on the backend, so that they "
-            "found it cached rather than computing it again.",
+            "Requests held until the prefill of their prefix by another request on the backend had started, so "
+            "that they found the prefix cached rather than computing it again.",
             ("backend",),
             registry=self.registry,
         )
