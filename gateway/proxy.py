@@ -302,13 +302,14 @@ class CompletionsHandler:
         error: ApiError | None = None
         for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
             backend = registry[name]
+            if index == 0 and backend.kind == "replica" and attempt.stream:
+                # Before the backend is named: a client that leaves while held was never served.
+                await self._await_shared_prefill(backend, attempt)
             attempt.backend = name
             attempt.served_by = backend
             attempt.reason = decision.reason if index == 0 else "fallback"
             attempt.first_token_at = 0.0
             attempt.usage = None
-            if index == 0 and backend.kind == "replica" and attempt.stream:
-                await self._await_shared_prefill(backend, attempt)
             self._book(backend, parsed, attempt)
             try:
                 if backend.kind == "hosted":

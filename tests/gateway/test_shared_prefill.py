@@ -70,3 +70,28 @@ def test_a_request_waits_for_the_prefill_of_the_prefix_it_shares(gateway: Runnin
     assert prompt - cached < 0.2 * prompt
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'spillgate_prefill_waits_total{backend="pool-0"} 1.0' in metrics
+
+
+def test_a_client_that_leaves_while_held_was_never_served(gateway: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    system = "You answer for the impatient team. " + words("norm", 1500)
+    blocker = threading.Thread(target=stream, args=(client, words("wall", 2000), "go"))
+    blocker.start()
+    time.sleep(0.15)
+    first = threading.Thread(target=stream, args=(client, system, "first question"))
+    first.start()
+    time.sleep(0.1)
+    body = {
+        "model": "aware",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "second question"}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {TENANT_KEY}"}
+    with pytest.raises(httpx.ReadTimeout):  # held for the blocker's prefill: nothing comes back in 0.1 s
+        httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=httpx.Timeout(5, read=0.1))
+    first.join()
+    blocker.join()
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'spillgate_prefill_waits_total{backend="pool-0"} 2.0' in metrics
+    assert 'backend="-",outcome="client_disconnected",reason="-",route="aware"} 1.0' in metrics
