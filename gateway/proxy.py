@@ -56,9 +56,9 @@ _FAILURES = {
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
-SHARED_PREFILL_MIN_TOKENS = 256
+_SHARED_PREFILL_MIN_TOKENS = 256
 """A prefill of fewer shared tokens than this is not worth waiting for: computing them again costs less."""
-SHARED_PREFILL_MAX_WAIT_S = 10.0
+_SHARED_PREFILL_MAX_WAIT_S = 10.0
 """The longest a request waits for another's prefill (or its tenant's TTFT target, if shorter)."""
 _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 _GATEWAY_OWNED_FIELDS = (
@@ -369,10 +369,10 @@ class CompletionsHandler:
         lead, blocks = state.prefilling.computing(
             backend.name, fingerprint.hashes, attempt.matched_blocks.get(backend.name, 0)
         )
-        if lead is None or lead.started.done() or blocks * state.prefix.tokens_per_block < SHARED_PREFILL_MIN_TOKENS:
+        if lead is None or lead.started.done() or blocks * state.prefix.tokens_per_block < _SHARED_PREFILL_MIN_TOKENS:
             return
         state.metrics.prefill_waits.labels(backend.name).inc()
-        limit = SHARED_PREFILL_MAX_WAIT_S
+        limit = _SHARED_PREFILL_MAX_WAIT_S
         if attempt.tenant is not None:
             limit = min(limit, attempt.tenant.ttft_slo_s)
         with contextlib.suppress(TimeoutError):

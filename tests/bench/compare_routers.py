@@ -326,10 +326,9 @@ def ideal_ttft_p99_ms(runs: list[Run], replays: list[Replay], replicas: int, tim
         sent = sorted((result for result in run.level.results if result.ok), key=lambda result: result.start)
         if len(sent) != len(replay.requests):
             return None
-        requests: list[IdealRequest | None] = [None] * len(sent)
-        for index, (prompt, cached) in zip(replay_order([r.session for r in sent]), replay.requests, strict=True):
-            requests[index] = IdealRequest(sent[index].start / time_scale, prompt, cached)
-        ideal = ideal_ttfts([r for r in requests if r is not None], replicas, preset)
+        tokens = dict(zip(replay_order([result.session for result in sent]), replay.requests, strict=True))
+        requests = [IdealRequest(result.start / time_scale, *tokens[index]) for index, result in enumerate(sent)]
+        ideal = ideal_ttfts(requests, replicas, preset)
         ttfts += [ttft for ttft, result in zip(ideal, sent, strict=True) if after_warmup(result, run.level.warmup_s)]
     p99 = percentile(ttfts, 99)
     return None if p99 is None else 1000.0 * p99
