@@ -1,14 +1,14 @@
 """Which prefix blocks each replica probably holds: a bounded LRU per replica over chained block hashes.
 
-One table maps a block hash to a bit mask of the replicas holding it, so a lookup walks the request's
-blocks once for all replicas together and stops at the first block nobody holds. Blocks of a request are
-touched deepest first, so within a replica a prefix's root is always more recent than its tail and LRU
-eviction trims prefixes from the end, as a radix cache does.
+One table maps a block hash to a bit mask of the replicas holding it, so one lookup answers for all
+replicas together. Blocks of a request are touched deepest first, so within a replica a prefix's root is
+always more recent than its tail and LRU eviction trims prefixes from the end, as a radix cache does. A
+replica therefore holds a leading run of any chain, which lets a lookup bisect rather than walk every block.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -57,7 +57,12 @@ class PrefixIndex:
             entry.capacity = min(entry.nominal, entry.capacity + max(1, entry.nominal // 50))
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
-        """How many leading blocks of ``hashes`` each of ``replicas`` holds."""
+        """How many leading blocks of ``hashes`` each of ``replicas`` holds.
+
+        Each replica holds a leading run of any chain (see the module docstring), so the replicas holding
+        block i can only drop out as i grows. Each place where some drop out is found by bisection: a dozen
+        lookups for a long prompt rather than one per block.
+        """
         known = self._replicas
         depths: dict[str, int] = {}
         mask = 0
@@ -67,31 +72,43 @@ class PrefixIndex:
                 depths[name] = 0
                 mask |= 1 << entry.bit
         get = self._holders.get
-        for depth, block in enumerate(hashes):
-            held = get(block, 0) & mask
-            if held != mask:
-                if depth:  # replicas lost at the first block keep their 0
-                    self._record_depths(mask & ~held, depth, depths)
-                mask = held
-                if not mask:
-                    return depths
-        self._record_depths(mask, len(hashes), depths)
+        depth, end = 0, len(hashes)
+        while mask and depth < end:
+            # The first block at or after ``depth`` that some replica in ``mask`` lacks; most often ``depth``.
+            lo, hi = depth, end
+            if get(hashes[lo], 0) & mask == mask:
+                lo += 1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if get(hashes[mid], 0) & mask == mask:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+            if lo == end:
+                break
+            held = get(hashes[lo], 0) & mask
+            if lo:  # replicas lost at the first block keep their 0
+                self._record_depths(mask & ~held, lo, depths)
+            mask = held
+            depth = lo + 1
+        if mask:
+            self._record_depths(mask, end, depths)
         return depths
 
     def insert(self, replica: str, hashes: Sequence[int]) -> None:
         """``replica`` was sent a request with these blocks: it will hold them once prefill runs."""
         entry = self._replicas[replica]
-        bit = 1 << entry.bit
         lru = entry.lru
-        touch = lru.move_to_end
-        holders = self._holders
-        get = holders.get
-        for block in reversed(hashes):
-            if block in lru:
-                touch(block)
-            else:
+        held = _leading_run(lru, hashes)
+        if held < len(hashes):
+            bit = 1 << entry.bit
+            holders = self._holders
+            get = holders.get
+            for block in reversed(hashes[held:]):
                 lru[block] = None
                 holders[block] = get(block, 0) | bit
+        # The blocks already held become the most recent, deepest first; the loop runs in C.
+        deque(map(lru.move_to_end, reversed(hashes[:held])), maxlen=0)
         self._evict(entry)
 
     def knows(self, replica: str) -> bool:
@@ -151,3 +168,15 @@ def _lowest_free_bit(taken: dict[int, str]) -> int:
     while bit in taken:
         bit += 1
     return bit
+
+
+def _leading_run(lru: OrderedDict[int, None], hashes: Sequence[int]) -> int:
+    """How many leading blocks of ``hashes`` ``lru`` holds: by bisection, since it holds a leading run."""
+    lo, hi = 0, len(hashes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hashes[mid] in lru:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from cache.fingerprint import block_hashes, canonical_chat, prefix_seed
 from cache.index import PrefixIndex
 
@@ -66,6 +68,17 @@ def test_index_capacity_evicts_tails_first() -> None:
     assert index.match([1, 2, 3, 4], ["r0"]) == {"r0": 2}, "the old prefix keeps its root, loses its tail"
 
 
+def test_index_sending_a_prefix_again_makes_it_recent() -> None:
+    index = PrefixIndex()
+    index.set_capacity("r0", 8)
+    index.insert("r0", [1, 2, 3, 4])
+    index.insert("r0", [10, 11, 12, 13])
+    index.insert("r0", [1, 2, 3, 4, 5])
+    index.insert("r0", [20, 21])
+    assert index.match([1, 2, 3, 4, 5], ["r0"]) == {"r0": 5}
+    assert index.match([10, 11, 12, 13], ["r0"]) == {"r0": 1}, "the prefix not sent again ages out, tail first"
+
+
 def test_feedback_and_restart_correct_the_index() -> None:
     index = PrefixIndex()
     index.set_capacity("r0", 100)
@@ -111,3 +124,38 @@ def test_tracker_withdraws_a_failed_dispatch() -> None:
     assert tracker.matched_blocks(fingerprint, ["r0"]) == {"r0": len(fingerprint.hashes)}
     tracker.failed("r0", fingerprint, 0)
     assert tracker.matched_blocks(fingerprint, ["r0"]) == {"r0": 0}
+
+
+def test_index_bisection_agrees_with_a_block_by_block_walk() -> None:
+    """Random chained traffic through every way the index changes; each match must equal the plain walk."""
+    rng = random.Random(3)
+    index = PrefixIndex()
+    names = [f"r{i}" for i in range(5)]
+    for name in names:
+        index.set_capacity(name, rng.randrange(20, 120))
+    roots = [prefix_seed("m", f"group {g}") for g in range(6)]
+
+    def chain(root: int) -> list[int]:
+        text = "".join(rng.choice("ab") for _ in range(rng.randrange(0, 48))) * 4
+        return block_hashes(text, root, block_chars=4)
+
+    def walk(hashes: list[int], replica: str) -> int:
+        depth = 0
+        while depth < len(hashes) and index.match(hashes[depth : depth + 1], [replica])[replica]:
+            depth += 1
+        return depth
+
+    for step in range(2000):
+        hashes = chain(rng.choice(roots))
+        replica = rng.choice(names)
+        matched = index.match(hashes, names)
+        assert matched == {name: walk(hashes, name) for name in names}, step
+        action = rng.random()
+        if action < 0.9:
+            index.insert(replica, hashes)
+            if action < 0.1:  # the request failed: withdraw what it added
+                index.forget_after(replica, hashes, matched[replica])
+        elif action < 0.97:
+            index.penalize(replica)
+        else:
+            index.clear(replica)
