@@ -5,7 +5,9 @@ decision never waits on Redis. What a process learns (a request dispatched to a 
 withdrawn, a replica cleared) is appended to one bounded Redis stream by a background task, and every
 process applies the others' entries as they arrive: all processes converge on the same view within a
 few milliseconds. A process that starts late replays the stream's retained history. If Redis goes away,
-each process keeps routing on what it knows and catches up from the stream when Redis returns.
+each process keeps routing on what it knows and catches up from the stream when Redis returns; what it
+learned meanwhile waits in an outbox bounded like the stream (``max_entries``, oldest dropped first: the
+stream would have trimmed those anyway), so an outage of any length costs bounded memory.
 
 Measured cost on the request path: appending to an in-memory list (well under a microsecond) instead of
 a Redis round trip (~100-200 us on loopback) per decision.
@@ -18,6 +20,7 @@ import contextlib
 import logging
 import os
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
@@ -29,6 +32,7 @@ from cache.index import PrefixIndex
 log = logging.getLogger("spillgate.prefix.shared")
 
 Operation = Literal["insert", "forget", "clear"]
+_Entry = tuple[bytes, bytes, bytes, bytes]
 _FLUSH_INTERVAL_S = 0.005
 _RETRY_S = 1.0
 
@@ -49,7 +53,7 @@ class SharedPrefixIndex:
         self._stream = stream
         self._max_entries = max_entries
         self._origin = f"{os.getpid()}-{os.urandom(4).hex()}".encode()
-        self._outbox: list[tuple[bytes, bytes, bytes, bytes]] = []
+        self._outbox: deque[_Entry] = deque(maxlen=max_entries)
         self._tasks: list[asyncio.Task[None]] = []
         self.connected = False
         self.applied = 0
@@ -58,6 +62,11 @@ class SharedPrefixIndex:
 
     def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
         self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
+
+    @property
+    def backlog(self) -> int:
+        """Changes not yet written to Redis (at most ``max_entries``)."""
+        return len(self._outbox)
 
     # Background work -------------------------------------------------------------------------------
 
@@ -89,7 +98,8 @@ class SharedPrefixIndex:
     async def _flush_once(self) -> None:
         if not self._outbox:
             return
-        batch, self._outbox = self._outbox, []
+        batch = list(self._outbox)
+        self._outbox.clear()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for op, replica, hashes, depth in batch:
@@ -97,7 +107,10 @@ class SharedPrefixIndex:
                     pipe.xadd(self._stream, fields, maxlen=self._max_entries, approximate=True)
                 await pipe.execute()
         except BaseException:
-            self._outbox = batch + self._outbox  # nothing accepted is lost: try again later
+            # Try again later, in order; past the bound the oldest go, as the stream would trim them.
+            retry = deque(batch, maxlen=self._max_entries)
+            retry.extend(self._outbox)
+            self._outbox = retry
             raise
 
     async def _follow_forever(self) -> None:

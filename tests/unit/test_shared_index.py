@@ -50,3 +50,28 @@ async def test_changes_made_during_an_outage_arrive_when_redis_returns(tmp_path:
     finally:
         await writer.stop()
         await reader.stop()
+
+
+async def test_an_outage_of_any_length_keeps_the_outbox_bounded(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream="t:bound", max_entries=50)
+    reader_index = make_index()
+    reader = SharedPrefixIndex(reader_index, aioredis.from_url(url, socket_timeout=1), stream="t:bound")
+    await writer.start()
+    await reader.start()
+    try:
+        for block in range(500):
+            writer.publish("insert", "r0", [block])
+        await asyncio.sleep(0.3)  # a flush has failed and put its batch back
+        assert not writer.connected
+        writer.publish("insert", "r0", [1000])
+        assert writer.backlog == 50
+        with redis_url(tmp_path, port=port):
+            await wait_for(lambda: reader_index.match([1000], ["r0"]) == {"r0": 1}, timeout=8)
+            assert writer.backlog == 0
+            kept = [block for block in range(500) if reader_index.match([block], ["r0"])["r0"]]
+            assert kept == list(range(451, 500)), "the newest changes arrive, the oldest were dropped"
+    finally:
+        await writer.stop()
+        await reader.stop()
