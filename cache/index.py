@@ -114,6 +114,17 @@ class PrefixIndex:
     def knows(self, replica: str) -> bool:
         return replica in self._replicas
 
+    def replicas(self) -> list[str]:
+        return list(self._replicas)
+
+    def remove(self, replica: str) -> None:
+        """The replica left the config: its entries and its bit go, so memory follows the config in force."""
+        entry = self._replicas.pop(replica, None)
+        if entry is not None:
+            for block in entry.lru:
+                self._release(block, entry.bit)
+            del self._names_by_bit[entry.bit]
+
     def insert_if_known(self, replica: str, hashes: Sequence[int]) -> None:
         """Like :meth:`insert`, for changes learned from other processes, which may know other replicas."""
         if replica in self._replicas:

@@ -89,6 +89,10 @@ class PrefixTracker:
         elif predicted_blocks:
             self.index.reward(replica)
 
+    def removed(self, replica: str) -> None:
+        """The replica left the config, or its name now belongs to another address: forget it entirely."""
+        self.index.remove(replica)
+
     def restarted(self, replica: str) -> None:
         """The replica came back from being unreachable: whatever it cached is gone."""
         self.index.clear(replica)

@@ -58,8 +58,14 @@ class GatewayState:
     def apply(self, catalog: Catalog) -> None:
         """Switch to a new config version. Plain attribute swaps, so no request sees half of one: a request
         admitted under the old version keeps its route and tenant objects until it finishes."""
-        for backend in catalog.backends:
-            if backend.kind == "replica" and not self.prefix.index.knows(backend.name):
+        replicas = {b.name: b for b in catalog.backends if b.kind == "replica"}
+        serving = {b.name: b for b in self.registry}
+        for name in self.prefix.index.replicas():
+            # Gone from the config, or the name now points at another address (a new backend object).
+            if replicas.get(name) is not serving.get(name):
+                self.prefix.removed(name)
+        for backend in replicas.values():
+            if not self.prefix.index.knows(backend.name):
                 self.prefix.capacity_known(backend.name, backend.max_total_tokens or _ASSUMED_KV_TOKENS)
         self.registry.replace(catalog.backends)
         self.routes = catalog.routes

@@ -158,6 +158,34 @@ def test_valid_edit_routes_the_next_request_then_rolls_back(gateway: tuple[Runni
     assert httpx.post(proc.url + "/admin/config/rollback/99", headers=ADMIN).status_code == 404
 
 
+def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
+    gateway: tuple[RunningProcess, Path], replicas: list[RunningProcess]
+) -> None:
+    proc, _ = gateway
+    config = current(proc)["config"]
+    config["routes"][0]["policy"] = "cache_aware"
+    assert put(proc, config).status_code == 200
+    prompt = f"{time.time_ns()} " + "a long shared document, " * 120
+
+    def reason() -> str:
+        response = httpx.post(
+            proc.url + "/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": prompt}], "max_tokens": 2},
+            headers=TENANT,
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-spillgate-backend"] == "blue-0"
+        return response.headers["x-spillgate-reason"]
+
+    reason()
+    assert reason() == "prefix_hit", "the index knows what blue-0 holds"
+    config["pools"][0]["replicas"] = [replicas[1].url]  # blue-0 is now another server, with an empty cache
+    assert put(proc, config).status_code == 200
+    assert reason() != "prefix_hit", "what the old blue-0 held must not be predicted for the new one"
+    assert reason() == "prefix_hit"
+
+
 def test_in_flight_requests_finish_under_the_old_version(gateway: tuple[RunningProcess, Path]) -> None:
     proc, _ = gateway
     outcome: dict[str, object] = {}

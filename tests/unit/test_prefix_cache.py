@@ -90,6 +90,23 @@ def test_feedback_and_restart_correct_the_index() -> None:
     assert index.blocks_held("r0") == 0
 
 
+def test_a_removed_replica_leaves_nothing_behind() -> None:
+    index = PrefixIndex()
+    index.set_capacity("r0", 100)
+    index.set_capacity("r1", 100)
+    index.insert("r0", [1, 2, 3])
+    index.insert("r1", [1, 2])
+    index.remove("r0")
+    assert index.replicas() == ["r1"]
+    assert index.match([1, 2, 3], ["r0", "r1"]) == {"r1": 2}
+    index.set_capacity("r2", 100)  # takes the bit r0 had: nothing of r0's may show through it
+    assert index.match([1, 2, 3], ["r1", "r2"]) == {"r1": 2, "r2": 0}
+    index.remove("r1")
+    index.remove("r2")
+    assert index.match([1, 2, 3], ["r1", "r2"]) == {}
+    assert index.blocks_held("r1") == 0
+
+
 def test_tracker_feedback_shrinks_belief_on_misses_and_restores_on_hits() -> None:
     from gateway.prefix import PrefixTracker
 
