@@ -3,7 +3,8 @@
 Why SQLite (WAL, ``synchronous=FULL``) rather than an fsync'd JSONL file: a batch commits atomically (no
 torn last line after a crash), the outbox is a flag and a partial index instead of a second file and a
 cursor, the restart totals are one ``GROUP BY`` instead of a full re-read, and old entries are pruned in
-place. It is in the standard library.
+place (at start, then a chunk at a time by the writer, so a gateway that never restarts keeps a bounded
+file). It is in the standard library.
 
 Writes never block the event loop: :meth:`Ledger.append` only queues the entry's row; a background task
 commits what has queued in one transaction every 100 ms (batches grow by themselves under load) on a
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from pathlib import Path
@@ -57,6 +59,9 @@ _INSERT = (
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})"
 )
 _RETRY_S = 1.0
+_PRUNE_INTERVAL_S = 600.0
+_PRUNE_CHUNK = 5000
+"""Rows deleted per writer turn: the thread is busy for tens of milliseconds at most."""
 
 GroupRow = tuple[str, str, str, str, int, int, int, int, float, float]
 """tenant, day (YYYYMMDD), kind, backend, requests, prompt, cached, completion, cost_usd, equivalent_usd"""
@@ -82,6 +87,9 @@ class Ledger:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._writer = IdleWorker("spillgate-ledger")
+        self._newest = 0.0
+        """The latest entry time appended: retention counts back from it (entries arrive in time order)."""
+        self._next_prune = 0.0
 
     # Life cycle ------------------------------------------------------------------------------------
 
@@ -126,6 +134,8 @@ class Ledger:
         The row is built here, a microsecond per request, rather than for the whole batch on the writer
         thread, where it would hold the GIL while the idle-priority thread is preempted."""
         self._queue.append((*_ROW_FIELDS(entry), hold_id, int(shipped)))
+        if entry.time > self._newest:
+            self._newest = entry.time
         if not shipped:
             self.backlog += 1
         self._wake.set()
@@ -152,10 +162,26 @@ class Ledger:
             self._wake.clear()
             try:
                 await self.flush()
+                if time.monotonic() >= self._next_prune and self._newest:
+                    pruned, unshipped = await self._writer.run(self._prune, self._newest - self.retain_s)
+                    self.backlog = max(0, self.backlog - unshipped)  # past retention: never to be replayed
+                    # A full chunk: more are old, take the next on the next turn; else look again later.
+                    self._next_prune = 0.0 if pruned == _PRUNE_CHUNK else time.monotonic() + _PRUNE_INTERVAL_S
             except (sqlite3.Error, OSError) as exc:
                 log.error("ledger %s: write failed (%s); retrying", self.path, exc)
                 await asyncio.sleep(_RETRY_S)
                 self._wake.set()
+
+    def _prune(self, before: float) -> tuple[int, int]:
+        """Delete up to a chunk of the entries older than ``before``: how many went, how many of them unshipped."""
+        with self._db_lock:
+            db = self._connection()
+            with _transaction(db):
+                old = db.execute(
+                    "SELECT rowid, shipped FROM entries WHERE time < ? LIMIT ?", (before, _PRUNE_CHUNK)
+                ).fetchall()
+                db.executemany("DELETE FROM entries WHERE rowid = ?", [(rowid,) for rowid, _ in old])
+            return len(old), sum(1 for _, shipped in old if not shipped)
 
     def _insert(self, rows: Sequence[Row]) -> None:
         with self._db_lock:

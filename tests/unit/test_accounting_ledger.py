@@ -161,3 +161,21 @@ async def test_failed_and_refused_requests_are_booked_without_cost(accountant: A
     await accountant.flush()
     with sqlite3.connect(tmp_path / "ledger.sqlite3") as db:
         assert db.execute("SELECT outcome, entry_id FROM entries").fetchall() == [("error", reservation.id)]
+
+
+async def test_a_gateway_that_never_restarts_still_prunes_past_retention(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    accountant = Accountant(path, retain_days=1)
+    await accountant.start(now=NOON)
+    try:
+        await accountant.record(entry(cost=0.1, at=NOON))
+        await accountant.record(entry(cost=0.2, at=NOON + 0.5 * 86_400))
+        await accountant.flush()
+        assert len(rows(path)) == 2
+        await accountant.record(entry(cost=0.3, at=NOON + 1.5 * 86_400))  # the first is now past retention
+        deadline = time.monotonic() + 10
+        while rows(path) != [("acme", 0.2), ("acme", 0.3)]:  # the writer prunes on its own, no restart
+            assert time.monotonic() < deadline, rows(path)
+            await asyncio.sleep(0.02)
+    finally:
+        await accountant.stop()
