@@ -50,9 +50,14 @@ class GatewayApp:
 
 
 def _degraded(state: GatewayState) -> dict[str, bool]:
-    """Which shared-state parts are running on this process's own view because Redis is away or behind."""
+    """Which parts are running on a fallback: shared state on this process's own view because Redis is away
+    or behind, or the ledger holding entries in memory because its file cannot be written."""
     shared = state.prefix.shared
-    return {"accounting": state.accountant.degraded, "prefix_index": shared is not None and not shared.connected}
+    return {
+        "accounting": state.accountant.degraded,
+        "prefix_index": shared is not None and not shared.connected,
+        "ledger": state.accountant.ledger.failing,
+    }
 
 
 async def _send_internal_error(send: Send) -> None:
@@ -111,12 +116,14 @@ def build_control_app(state: GatewayState) -> FastAPI:
             for b in state.registry
         }
         health: dict[str, object] = {"status": "ok", "backends": backends}
+        degraded = _degraded(state)
         if state.prefix.shared is not None:
-            degraded = _degraded(state)
             health["redis"] = "unreachable" if degraded["prefix_index"] else "connected"
             health["accounting"] = "degraded" if degraded["accounting"] else "ok"
-            if any(degraded.values()):
-                health["status"] = "degraded"
+        ledger = state.accountant.ledger
+        health["ledger"] = f"failing: {ledger.queued} entries wait in memory" if degraded["ledger"] else "ok"
+        if any(degraded.values()):
+            health["status"] = "degraded"
         if state.live is not None:
             health["config_version"] = state.live.current.version
         return health

@@ -87,6 +87,9 @@ class Ledger:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._writer = IdleWorker("spillgate-ledger")
+        self.failing = False
+        """The last commit failed (disk full, the file locked or read-only): entries wait in memory, nothing
+        is dropped, and the gateway reports itself degraded until a commit succeeds."""
         self._newest = 0.0
         """The latest entry time appended: retention counts back from it (entries arrive in time order)."""
         self._next_prune = 0.0
@@ -125,6 +128,11 @@ class Ledger:
             self._db = db
         self.backlog = stored + sum(1 for row in self._queue if not row[-1])
 
+    @property
+    def queued(self) -> int:
+        """Entries appended and not yet committed to the file."""
+        return len(self._queue)
+
     # Writing -----------------------------------------------------------------------------------------
 
     def append(self, entry: LedgerEntry, *, shipped: bool, hold_id: str = "") -> None:
@@ -162,13 +170,15 @@ class Ledger:
             self._wake.clear()
             try:
                 await self.flush()
+                self.failing = False
                 if time.monotonic() >= self._next_prune and self._newest:
                     pruned, unshipped = await self._writer.run(self._prune, self._newest - self.retain_s)
                     self.backlog = max(0, self.backlog - unshipped)  # past retention: never to be replayed
                     # A full chunk: more are old, take the next on the next turn; else look again later.
                     self._next_prune = 0.0 if pruned == _PRUNE_CHUNK else time.monotonic() + _PRUNE_INTERVAL_S
             except (sqlite3.Error, OSError) as exc:
-                log.error("ledger %s: write failed (%s); retrying", self.path, exc)
+                self.failing = True
+                log.error("ledger %s: write failed (%s); %d entries wait, retrying", self.path, exc, self.queued)
                 await asyncio.sleep(_RETRY_S)
                 self._wake.set()
 
