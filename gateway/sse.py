@@ -2,6 +2,8 @@
 
 The relay forwards whole events only (upstream reads can split one anywhere) and looks inside the one
 event it cares about: the final usage chunk, which it may strip when the client did not ask for it.
+SGLang ends lines with LF; an upstream ending them with CRLF (the SSE spec allows both) is relayed with LF,
+so its events are still found and streamed one by one rather than held until the response ends.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class EventRelay:
         """Return the complete events in ``pending + data`` (possibly none), keeping the partial tail."""
         if self._pending:
             data = self._pending + data
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")  # a lone CR at the end waits in the tail for its LF
         end = data.rfind(_SEPARATOR)
         if end < 0:
             self._pending = data
@@ -49,9 +53,9 @@ class EventRelay:
     def _take_usage(self, complete: bytes) -> bytes:
         kept = []
         for event in complete.split(_SEPARATOR)[:-1]:
-            if event.startswith(b"data: ") and _has_usage(event):
+            if event.startswith(b"data:") and _has_usage(event):
                 try:
-                    chunk = orjson.loads(event[6:])
+                    chunk = orjson.loads(event[5:])  # JSON ignores the optional space after the colon
                 except orjson.JSONDecodeError:
                     chunk = None
                 if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):

@@ -38,3 +38,21 @@ def test_partial_event_is_held_back() -> None:
     assert relay.feed(b'data: {"a"') == b""
     assert relay.feed(b":1}\n\ndata: x") == b'data: {"a":1}\n\n'
     assert relay.flush() == b"data: x"
+
+
+def test_crlf_framed_events_are_relayed_one_by_one_with_lf() -> None:
+    crlf = STREAM.replace(b"\n", b"\r\n")
+    for size in (1, 2, 7, 50, len(crlf)):
+        relay = EventRelay(strip_usage=True)
+        pieces = [relay.feed(crlf[i : i + size]) for i in range(0, len(crlf), size)]
+        assert b"".join(pieces) + relay.flush() == EVENTS[0] + EVENTS[1] + EVENTS[3]
+        assert relay.usage == {"prompt_tokens": 3, "completion_tokens": 2}
+        assert relay.events == 4
+    relay = EventRelay(strip_usage=False)
+    assert relay.feed(EVENTS[0].replace(b"\n", b"\r\n") + b"data: x") == EVENTS[0], "no waiting for the end"
+
+
+def test_usage_is_found_without_a_space_after_data() -> None:
+    relay = EventRelay(strip_usage=True)
+    assert relay.feed(b'data:{"choices":[],"usage":{"prompt_tokens":1}}\n\ndata: [DONE]\n\n') == b"data: [DONE]\n\n"
+    assert relay.usage == {"prompt_tokens": 1}
