@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from urllib.parse import urlsplit
 
 import httptools
@@ -242,6 +242,7 @@ class _OriginPool:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle: list[_Connection] = []
+        self._closed = False
 
     async def acquire(self) -> tuple[_Connection, bool]:
         """A connection and whether it was reused from the pool."""
@@ -269,12 +270,15 @@ class _OriginPool:
         return conn, False
 
     def release(self, conn: _Connection) -> None:
-        if conn.complete and conn.keep_alive and not conn.closed and len(self._idle) < _MAX_IDLE_PER_ORIGIN:
+        reusable = conn.complete and conn.keep_alive and not conn.closed
+        if reusable and not self._closed and len(self._idle) < _MAX_IDLE_PER_ORIGIN:
             self._idle.append(conn)
         else:
             conn.abort()
 
     def close(self) -> None:
+        """Drop the idle connections now and each busy one when its response is done."""
+        self._closed = True
         while self._idle:
             self._idle.pop().abort()
 
@@ -320,6 +324,11 @@ class Http1Client:
                 raise
             return Response(conn, pool)
         raise AssertionError("unreachable")
+
+    def retain(self, base_urls: Collection[str]) -> None:
+        """Close the pools of every other origin: a config change took those backends away."""
+        for base_url in [url for url in self._pools if url not in base_urls]:
+            self._pools.pop(base_url).close()
 
     def close(self) -> None:
         for pool in self._pools.values():

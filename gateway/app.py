@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.admin import admin_router
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
-from gateway.exchange import Receive, Scope, Send
+from gateway.exchange import JSON_HEADERS, Receive, Scope, Send, send_json
 from gateway.openapi import install_openapi
 from gateway.proxy import CompletionsHandler
 from gateway.spend_api import spend_router
@@ -36,17 +36,32 @@ class GatewayApp:
             "/v1/completions": CompletionsHandler(state, "/v1/completions"),
         }
         self._control = build_control_app(state)
+        self._in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self._hot.get(scope["path"]) if scope["type"] == "http" else None
         if handler is None:
             await self._control(scope, receive, send)
             return
+        if self._in_flight >= self.state.config.limits.max_in_flight:
+            self.state.metrics.overloaded.inc()
+            await send_json(send, 503, [*JSON_HEADERS, (b"retry-after", b"1")], _OVERLOADED)
+            return
+        self._in_flight += 1
         try:
             await handler(scope, receive, send)
         except Exception:
             log.exception("unhandled error on %s", scope["path"])
             await _send_internal_error(send)
+        finally:
+            self._in_flight -= 1
+
+
+_OVERLOADED = error_body(
+    503,
+    "The gateway is serving as many requests as it is configured to (limits.max_in_flight); retry shortly.",
+    code="overloaded",
+)
 
 
 def _degraded(state: GatewayState) -> dict[str, bool]:
@@ -151,6 +166,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
     async def metrics() -> Response:
         for component, degraded in _degraded(state).items():
             state.metrics.degraded.labels(component).set(1.0 if degraded else 0.0)
+        # Per-backend gauges describe the backends configured now: a backend a config change removed goes.
+        state.metrics.clear_backend_gauges()
         for backend in state.registry:
             state.metrics.backend_healthy.labels(backend.name).set(1.0 if backend.healthy else 0.0)
             state.metrics.in_flight.labels(backend.name).set(backend.in_flight)

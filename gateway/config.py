@@ -52,6 +52,12 @@ class LimitsConfig(Strict):
     max_messages: int = Field(default=2048, gt=0)
     max_tokens: int = Field(default=32768, gt=0)
     max_choices: int = Field(default=16, gt=0, description="largest n / best_of a client may ask for")
+    max_in_flight: int = Field(
+        default=10_000,
+        gt=0,
+        description="completions the gateway serves at once; past it new ones get 503 overloaded at once, so "
+        "hung backends or a flood cannot grow its memory without bound",
+    )
 
 
 class TimeoutsConfig(Strict):

@@ -58,6 +58,11 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self.overloaded = Counter(
+            "spillgate_overloaded",
+            "Completions refused with 503 because limits.max_in_flight requests were already in flight.",
+            registry=self.registry,
+        )
         self.spend = Counter(
             "spillgate_spend_usd",
             "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",
@@ -93,7 +98,8 @@ class GatewayMetrics:
         self.degraded = Gauge(
             "spillgate_degraded",
             "1 while shared state in Redis is unreachable or behind: component=accounting (limits enforced per "
-            "process, ledger entries waiting in the local file) or prefix_index (routing on the local index).",
+            "process, ledger entries waiting in the local file) or prefix_index (routing on the local index); "
+            "component=ledger while the ledger file cannot be written (entries waiting in memory).",
             ("component",),
             registry=self.registry,
         )
@@ -115,3 +121,9 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self._backend_gauges = (self.in_flight, self.backend_healthy, self.queued, self.running, self.kv_usage)
+
+    def clear_backend_gauges(self) -> None:
+        """Forget every backend's gauges, so that the next values set describe only the backends configured now."""
+        for gauge in self._backend_gauges:
+            gauge.clear()

@@ -68,6 +68,7 @@ class GatewayState:
             if not self.prefix.index.knows(backend.name):
                 self.prefix.capacity_known(backend.name, backend.max_total_tokens or _ASSUMED_KV_TOKENS)
         self.registry.replace(catalog.backends)
+        self.upstream.retain({b.base_url for b in replicas.values()})
         self.routes = catalog.routes
         self.tenants = catalog.tenants
         self.hosted_models = catalog.hosted_models

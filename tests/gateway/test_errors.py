@@ -174,6 +174,32 @@ def test_client_disconnect_frees_the_backend_request(tmp_path: Path) -> None:
         replica.stop()
 
 
+def test_past_max_in_flight_new_requests_get_503_overloaded_at_once(tmp_path: Path) -> None:
+    replica = start_replica(tmp_path, "--time-scale", "1")
+    gateway = start_gateway(gateway_config([replica.url], limits={"max_in_flight": 2}), tmp_path)
+    body = {"model": "chat", "messages": HELLO, "max_tokens": 5000, "stream": True}
+    try:
+        with (
+            httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as one,
+            httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as two,
+        ):
+            streaming = [stream.iter_lines() for stream in (one, two)]  # kept: a dropped iterator hangs up
+            for lines in streaming:
+                assert next(line for line in lines if line.startswith("data: "))
+            refused = post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2})
+            assert assert_openai_error(refused, 503)["code"] == "overloaded"
+            assert refused.headers["retry-after"] == "1"
+        deadline = time.monotonic() + 5  # the two streams are gone: room again
+        while (response := post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2})).status_code == 503:
+            assert time.monotonic() < deadline, response.text
+            time.sleep(0.05)
+        assert response.status_code == 200, response.text
+        assert "spillgate_overloaded_total 1.0" in httpx.get(gateway.url + "/metrics").text
+    finally:
+        gateway.stop()
+        replica.stop()
+
+
 def running_requests(replica: RunningProcess) -> int:
     for line in httpx.get(replica.url + "/metrics").text.splitlines():
         if line.startswith("sglang:num_running_reqs"):

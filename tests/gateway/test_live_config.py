@@ -186,6 +186,20 @@ def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
     assert reason() == "prefix_hit"
 
 
+def test_a_backend_removed_by_an_edit_leaves_the_health_report_and_the_gauges(
+    gateway: tuple[RunningProcess, Path],
+) -> None:
+    proc, _ = gateway
+    assert 'spillgate_backend_healthy{backend="green-0"} 1.0' in httpx.get(proc.url + "/metrics").text
+    config = current(proc)["config"]
+    config["pools"] = [pool for pool in config["pools"] if pool["name"] != "green"]
+    assert put(proc, config).status_code == 200
+    assert set(httpx.get(proc.url + "/health").json()["backends"]) == {"blue-0"}
+    metrics = httpx.get(proc.url + "/metrics").text
+    assert 'spillgate_backend_healthy{backend="blue-0"} 1.0' in metrics
+    assert [line for line in metrics.splitlines() if line.startswith("spillgate_backend_") and "green-0" in line] == []
+
+
 def test_in_flight_requests_finish_under_the_old_version(gateway: tuple[RunningProcess, Path]) -> None:
     proc, _ = gateway
     outcome: dict[str, object] = {}

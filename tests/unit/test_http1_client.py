@@ -29,6 +29,7 @@ class Server:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
+        self.closed = 0
         self.url = ""
 
     async def __aenter__(self) -> Server:
@@ -39,6 +40,7 @@ class Server:
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
             finally:
+                self.closed += 1
                 writer.close()
 
         self._server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
@@ -192,3 +194,31 @@ async def test_closing_an_unfinished_response_drops_the_connection(client: Http1
         assert await anext(response.iter_bytes())
         response.close()
         await asyncio.wait_for(closed.wait(), 2)
+
+
+async def test_retaining_some_origins_closes_the_others_connections(client: Http1Client) -> None:
+    async def closed(server: Server, count: int) -> None:
+        for _ in range(100):
+            if server.closed == count:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{server.closed} connections closed, expected {count}")
+
+    async with Server(echo_forever) as kept, Server(echo_forever) as dropped:
+        response = await client.post(kept.url, "/v1/x", b"{}")
+        await response.read()
+        response.close()
+        busy = await client.post(dropped.url, "/v1/x", b"{}")  # in use across the change
+        idle = await client.post(dropped.url, "/v1/x", b"{}")
+        await idle.read()
+        idle.close()
+        client.retain([kept.url])
+        await closed(dropped, 1)  # the idle one at once
+        await busy.read()
+        busy.close()  # finished cleanly, but its origin is gone: not pooled again
+        await closed(dropped, 2)
+        assert dropped.connections == 2
+        assert kept.closed == 0, "the retained origin keeps its idle connection"
+        response = await client.post(kept.url, "/v1/x", b"{}")
+        response.close()
+        assert kept.connections == 1
