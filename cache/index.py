@@ -100,16 +100,27 @@ class PrefixIndex:
         entry = self._replicas[replica]
         lru = entry.lru
         held = _leading_run(lru, hashes)
-        if held < len(hashes):
-            bit = 1 << entry.bit
-            holders = self._holders
-            get = holders.get
-            for block in reversed(hashes[held:]):
+        try:
+            self._add_deepest_first(entry, hashes[held:])
+            # The blocks already held become the most recent, deepest first; the loop runs in C.
+            deque(map(lru.move_to_end, reversed(hashes[:held])), maxlen=0)
+        except KeyError:
+            # A gap in the chain (see forget_after) misled the bisection: walk every block, which fills it.
+            self._add_deepest_first(entry, hashes)
+        self._evict(entry)
+
+    def _add_deepest_first(self, entry: _ReplicaBlocks, blocks: Sequence[int]) -> None:
+        lru = entry.lru
+        touch = lru.move_to_end
+        bit = 1 << entry.bit
+        holders = self._holders
+        get = holders.get
+        for block in reversed(blocks):
+            if block in lru:
+                touch(block)
+            else:
                 lru[block] = None
                 holders[block] = get(block, 0) | bit
-        # The blocks already held become the most recent, deepest first; the loop runs in C.
-        deque(map(lru.move_to_end, reversed(hashes[:held])), maxlen=0)
-        self._evict(entry)
 
     def knows(self, replica: str) -> bool:
         return replica in self._replicas
@@ -131,7 +142,11 @@ class PrefixIndex:
             self.insert(replica, hashes)
 
     def forget_after(self, replica: str, hashes: Sequence[int], depth: int) -> None:
-        """The replica reported holding only ``depth`` blocks of ``hashes``: drop the rest for it."""
+        """The replica reported holding only ``depth`` blocks of ``hashes``: drop the rest for it.
+
+        If a concurrent request sent a longer chain through those blocks, this leaves a gap in that chain
+        (its deeper blocks stay). That request will compute the blocks anyway, so a bisected match reading
+        past the gap is right, and its next insert fills the gap."""
         entry = self._replicas.get(replica)
         if entry is not None:
             for block in hashes[depth:]:

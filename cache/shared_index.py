@@ -124,7 +124,10 @@ class SharedPrefixIndex:
                 for _, entries in replies or ():
                     for entry_id, fields in entries:
                         last_id = entry_id
-                        self._apply(fields)
+                        try:
+                            self._apply(fields)
+                        except (KeyError, ValueError) as exc:  # malformed (another version?): skip it, keep following
+                            log.warning("prefix index: skipped stream entry %s (%r)", entry_id, exc)
             except (RedisError, OSError) as exc:
                 self._lost(exc)
                 await asyncio.sleep(_RETRY_S)

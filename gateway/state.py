@@ -61,8 +61,9 @@ class GatewayState:
         replicas = {b.name: b for b in catalog.backends if b.kind == "replica"}
         serving = {b.name: b for b in self.registry}
         for name in self.prefix.index.replicas():
-            # Gone from the config, or the name now points at another address (a new backend object).
-            if replicas.get(name) is not serving.get(name):
+            # Gone from the config (a probe still running may have registered it again after an earlier
+            # removal), or the name now points at another address (a new backend object).
+            if name not in replicas or replicas[name] is not serving.get(name):
                 self.prefix.removed(name)
         for backend in replicas.values():
             if not self.prefix.index.knows(backend.name):

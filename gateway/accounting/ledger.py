@@ -170,17 +170,28 @@ class Ledger:
             self._wake.clear()
             try:
                 await self.flush()
-                self.failing = False
-                if time.monotonic() >= self._next_prune and self._newest:
-                    pruned, unshipped = await self._writer.run(self._prune, self._newest - self.retain_s)
-                    self.backlog = max(0, self.backlog - unshipped)  # past retention: never to be replayed
-                    # A full chunk: more are old, take the next on the next turn; else look again later.
-                    self._next_prune = 0.0 if pruned == _PRUNE_CHUNK else time.monotonic() + _PRUNE_INTERVAL_S
             except (sqlite3.Error, OSError) as exc:
                 self.failing = True
                 log.error("ledger %s: write failed (%s); %d entries wait, retrying", self.path, exc, self.queued)
                 await asyncio.sleep(_RETRY_S)
                 self._wake.set()
+                continue
+            self.failing = False
+            if time.monotonic() >= self._next_prune and self._newest:
+                await self._prune_some()
+
+    async def _prune_some(self) -> None:
+        """One chunk of the entries past retention, counted back from the newest entry (never from a time
+        ahead of this machine's clock, so an entry stamped in the future cannot prune the present)."""
+        try:
+            pruned, unshipped = await self._writer.run(self._prune, min(self._newest, time.time()) - self.retain_s)
+        except (sqlite3.Error, OSError) as exc:  # entries are safe; pruning waits for the next interval
+            log.warning("ledger %s: pruning failed (%s)", self.path, exc)
+            self._next_prune = time.monotonic() + _PRUNE_INTERVAL_S
+            return
+        self.backlog = max(0, self.backlog - unshipped)  # past retention: never to be replayed
+        # A full chunk: more are old, take the next on the next turn; else look again later.
+        self._next_prune = 0.0 if pruned == _PRUNE_CHUNK else time.monotonic() + _PRUNE_INTERVAL_S
 
     def _prune(self, before: float) -> tuple[int, int]:
         """Delete up to a chunk of the entries older than ``before``: how many went, how many of them unshipped."""

@@ -90,6 +90,20 @@ def test_feedback_and_restart_correct_the_index() -> None:
     assert index.blocks_held("r0") == 0
 
 
+def test_a_failed_request_withdrawn_under_a_longer_one_leaves_a_gap_that_the_next_insert_fills() -> None:
+    index = PrefixIndex()
+    index.set_capacity("r0", 100)
+    index.insert("r0", [10, 11])
+    shorter, longer = [10, 11, 12], [10, 11, 12, 13, 14, 15, 16, 17]
+    index.insert("r0", shorter)  # predicted 2 blocks
+    index.insert("r0", longer)  # sent meanwhile: it computes block 12 too
+    index.forget_after("r0", shorter, 2)  # the shorter one failed
+    assert index.match(longer, ["r0"]) == {"r0": 8}, "the longer request still computes every block"
+    index.insert("r0", longer)  # must not trip over the gap
+    assert index.blocks_held("r0") == 8
+    assert index.match(shorter, ["r0"]) == {"r0": 3}
+
+
 def test_a_removed_replica_leaves_nothing_behind() -> None:
     index = PrefixIndex()
     index.set_capacity("r0", 100)
