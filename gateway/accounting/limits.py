@@ -93,6 +93,20 @@ def day_tag(now: float) -> str:
     return _day_tag(int(now // 86_400))
 
 
+IDS_SLOT_S = 600
+"""Counted ledger ids are kept per 10-minute slot of the entry's time, so they expire slot by slot."""
+
+
+def ids_slot_tag(now: float) -> str:
+    """The UTC slot of ``now`` (``YYYYMMDDHHMM`` of its start), for the idempotency set an entry belongs to."""
+    return _slot_tag(int(now // IDS_SLOT_S))
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_tag(slot: int) -> str:
+    return utc(slot * float(IDS_SLOT_S)).strftime("%Y%m%d%H%M")
+
+
 @functools.lru_cache(maxsize=64)
 def _day_tag(day: int) -> str:
     """Per UTC day number: formatting a date costs microseconds, and every request books one."""

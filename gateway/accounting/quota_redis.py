@@ -2,7 +2,11 @@
 
 Check-and-reserve is one Lua script (EVALSHA), so concurrent reservations from any number of processes
 never admit past a budget; settling is a second script that drops the hold and counts the ledger entry
-in the rollups once (its id is the idempotency key). Budgets compare the rollups (settled spend, exactly
+in the rollups once (its id is the idempotency key). Counted ids are kept per 10-minute slot of the entry's
+time for ``ids_ttl_s`` (2 h): a replay needs them only for the few entries whose count reached Redis but
+whose answer was lost, replayed once Redis answers again, so Redis holds hours of ids, not days (about 75
+bytes each: 8 days of them at 100 requests/s were ~5 GB). An outage longer than that can count those few
+entries twice; every other entry of the outbox still counts once. Budgets compare the rollups (settled spend, exactly
 what ``/v1/spend`` shows) plus open holds, so replaying entries booked during an outage reconciles them.
 
 While Redis is unreachable (:attr:`RedisQuota.down`), the hot path stops calling it: reservations go to
@@ -30,6 +34,7 @@ from .limits import (
     budget_refusal,
     day_start,
     day_tag,
+    ids_slot_tag,
     month_tag,
     rate_refusal,
     to_nano,
@@ -89,7 +94,7 @@ class RedisQuota:
         fail_open: bool = True,
         hold_ttl_s: float = 3600.0,
         series_ttl_s: int = 2 * 86_400,
-        ids_ttl_s: int = 8 * 86_400,
+        ids_ttl_s: int = 2 * 3600,
         stream_maxlen: int = 100_000,
     ) -> None:
         self.client = client
@@ -294,7 +299,7 @@ class RedisQuota:
                 keys.holds(tenant),
                 keys.hold_expiry(tenant),
                 keys.series(tenant, day),
-                keys.ids(tenant, day),
+                keys.ids(tenant, ids_slot_tag(at)),
                 keys.stream(tenant),
             ],
             args=[*args, day_ttl, month_ttl, series_ttl, ids_ttl, maxlen],

@@ -4,7 +4,8 @@ Lua script touches a single cluster slot, and ``SCAN <prefix>:acct:*`` finds the
 ``<prefix>:acct:{t}:d:<YYYYMMDD>`` / ``:m:<YYYYMM>``  rollup hash: ``<scope>.<sum>`` (scope ``t``, ``k:<kind>``,
                                                        ``b:<backend>``) plus ``held`` / ``hosted_held``
 ``<prefix>:acct:{t}:s:<YYYYMMDD>``                    per-minute series: ``<minute>:<kind>.usd`` / ``.n``
-``<prefix>:acct:{t}:ids:<YYYYMMDD>``                  ledger entry ids already counted (idempotency)
+``<prefix>:acct:{t}:ids:<YYYYMMDDHHMM>``              ledger entry ids already counted, per 10-minute slot of
+                                                       the entry's time (idempotency; kept 2 h after the last)
 ``<prefix>:acct:{t}:ledger``                          stream of ledger entries
 ``<prefix>:acct:{t}:rate``                            GCRA state: ``rpm`` / ``tpm`` (microseconds)
 ``<prefix>:acct:{t}:holds`` / ``:hold-expiry``        open reservations and when they lapse
@@ -36,8 +37,8 @@ class RedisKeys:
     def series(self, tenant: str, day: str) -> str:
         return f"{self.base(tenant)}:s:{day}"
 
-    def ids(self, tenant: str, day: str) -> str:
-        return f"{self.base(tenant)}:ids:{day}"
+    def ids(self, tenant: str, slot: str) -> str:
+        return f"{self.base(tenant)}:ids:{slot}"
 
     def stream(self, tenant: str) -> str:
         return f"{self.base(tenant)}:ledger"

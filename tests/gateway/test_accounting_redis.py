@@ -101,6 +101,16 @@ async def test_settle_and_release_replace_holds_in_redis(shared: Accountant, red
         await client.aclose()
 
 
+async def test_counted_ids_are_kept_per_ten_minute_slot_for_hours_not_days(shared: Accountant, redis_url: str) -> None:
+    await shared.record(entry(cost=0.1, at=NOON + 599))
+    await shared.record(entry(cost=0.1, at=NOON + 600))
+    assert shared.shared is not None
+    with redis.Redis.from_url(redis_url) as client:
+        keys = sorted(k.decode() for k in client.scan_iter(f"{shared.shared.keys.prefix}:*:ids:*"))
+        assert [key.rsplit(":", 1)[1] for key in keys] == ["202503141200", "202503141210"]
+        assert all(0 < client.ttl(key) <= 2 * 3600 for key in keys)
+
+
 async def test_redis_refusals_carry_the_same_retry_after_as_in_process(shared: Accountant) -> None:
     async def refused(limits: TenantLimits, tokens: int = 1, usd: float = 0.0) -> QuotaExceeded:
         with pytest.raises(QuotaExceeded) as caught:
