@@ -137,8 +137,9 @@ if ARGV[3] ~= '' then drop_hold(ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])) e
 touch_rate()
 local id = ARGV[6]
 if id == '' then return 1 end
-if redis.call('SADD', KEYS[7], id) == 0 then return 0 end
-redis.call('EXPIRE', KEYS[7], ARGV[19])
+local added = redis.call('SADD', KEYS[7], id)
+redis.call('EXPIRE', KEYS[7], ARGV[19])  -- a replay seen again keeps its slot alive too
+if added == 0 then return 0 end
 local kind = ARGV[7]
 local sums = {{'usd', ARGV[9]}, {'equiv', ARGV[10]}, {'n', '1'}, {'prompt', ARGV[11]}, {'cached', ARGV[12]},
               {'completion', ARGV[13]}}
