@@ -10,6 +10,7 @@ models) never match each other's prefixes.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,12 +26,17 @@ _UNIT = "\x1f"  # separates a message's role from its content
 
 def canonical_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> str:
     """Serialize a chat so that a longer conversation extends a shorter one's serialization."""
+    return "".join(canonical_records(messages, tools))
+
+
+def canonical_records(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> list[str]:
+    """:func:`canonical_chat` record by record: the tool definitions, then each message framed by its role."""
     parts: list[str] = []
     if tools:
         parts.append(_RECORD + "tools" + _UNIT + orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode())
     for message in messages:
         parts.append(_RECORD + str(message.get("role", "")) + _UNIT + _content_text(message.get("content")))
-    return "".join(parts)
+    return parts
 
 
 def canonical_completion(prompt: object) -> str:
@@ -53,12 +59,22 @@ def block_hashes(
     """Chained hashes of the full blocks of ``text`` (a trailing partial block is not a shared prefix yet)."""
     data = text.encode()
     count = min(len(data) // block_chars, max_blocks)
+    return _chained(memoryview(data)[: count * block_chars], block_chars, seed)
+
+
+def token_block_hashes(ids: array[int], seed: int, *, block_tokens: int, max_blocks: int) -> list[int]:
+    """The same chain over blocks of ``block_tokens`` token ids (``ids`` as unsigned 32-bit integers)."""
+    count = min(len(ids) // block_tokens, max_blocks)
+    return _chained(memoryview(ids).cast("B")[: count * block_tokens * ids.itemsize], block_tokens * ids.itemsize, seed)
+
+
+def _chained(data: memoryview, block_bytes: int, seed: int) -> list[int]:
     hashes: list[int] = []
     append = hashes.append
     digest = xxhash.xxh3_64_intdigest
     previous = seed
     # iter_unpack cuts the blocks in C: about a quarter faster than slicing bytes or a memoryview per block.
-    for (block,) in struct.iter_unpack(f"{block_chars}s", memoryview(data)[: count * block_chars]):
+    for (block,) in struct.iter_unpack(f"{block_bytes}s", data):
         previous = digest(block, previous)
         append(previous)
     return hashes

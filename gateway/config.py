@@ -221,6 +221,12 @@ class PrefixConfig(Strict):
 
     block_chars: int = Field(default=256, ge=16, le=65536)
     max_blocks: int = Field(default=512, ge=1, le=16384)
+    tokenizer: str | None = Field(
+        default=None,
+        description="a Hugging Face tokenizer.json (the served model's): blocks of block_tokens tokens instead of "
+        "block_chars characters",
+    )
+    block_tokens: int = Field(default=64, ge=1, le=16384)
 
 
 class StateConfig(Strict):

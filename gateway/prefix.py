@@ -12,9 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cache.fingerprint import block_hashes, canonical_chat, canonical_completion, prefix_seed
+import xxhash
+
+from cache.fingerprint import block_hashes, canonical_chat, canonical_completion, prefix_seed, token_block_hashes
 from cache.index import PrefixIndex
 from cache.shared_index import SharedPrefixIndex
+from cache.tokens import PromptTokenizer
 from gateway.validation import CHARS_PER_TOKEN
 
 _BLOCK_SLACK = 1
@@ -25,39 +28,62 @@ _BLOCK_SLACK = 1
 class Fingerprint:
     hashes: tuple[int, ...]
     prefix_key: int
-    text_chars: int
+    length: int
+    """The serialized prompt's length in the unit blocks are cut in: characters, or tokens with a tokenizer."""
 
 
 class PrefixTracker:
-    def __init__(self, *, block_chars: int, max_blocks: int) -> None:
+    """Fingerprints prompts in blocks of ``block_chars`` characters or, given a ``tokenizer``, of
+    ``block_tokens`` tokens, and keeps the prefix index in step with what replicas report."""
+
+    def __init__(
+        self,
+        *,
+        block_chars: int,
+        max_blocks: int,
+        tokenizer: PromptTokenizer | None = None,
+        block_tokens: int = 64,
+    ) -> None:
         self.index = PrefixIndex()
         self.shared: SharedPrefixIndex | None = None
         """Set when the index is shared with other gateway processes through Redis."""
-        self._block_chars = block_chars
+        self.tokenizer = tokenizer
+        self._block_size = block_chars if tokenizer is None else block_tokens
         self._max_blocks = max_blocks
 
     @property
     def tokens_per_block(self) -> int:
-        return max(1, self._block_chars // CHARS_PER_TOKEN)
+        if self.tokenizer is not None:
+            return self._block_size
+        return max(1, self._block_size // CHARS_PER_TOKEN)
 
     def capacity_known(self, replica: str, max_total_tokens: int) -> None:
         """Size a replica's index from its KV capacity in tokens (``max_total_num_tokens``)."""
         self.index.set_capacity(replica, max_total_tokens // self.tokens_per_block)
 
     def fingerprint(self, payload: Mapping[str, Any], *, chat: bool, model: str, salt: str) -> Fingerprint:
+        if self.tokenizer is not None:
+            return self._token_fingerprint(payload, chat=chat, seed=prefix_seed(model, salt))
         if chat:
             text = canonical_chat(payload["messages"], payload.get("tools"))
         else:
             text = canonical_completion(payload["prompt"])
         seed = prefix_seed(model, salt)
-        hashes = block_hashes(text, seed, block_chars=self._block_chars, max_blocks=self._max_blocks)
+        block = self._block_size
+        hashes = block_hashes(text, seed, block_chars=block, max_blocks=self._max_blocks)
         # Prompts shorter than a block still get a stable key for prefix-affine hashing.
-        key = (
-            hashes[0]
-            if hashes
-            else block_hashes(text.ljust(self._block_chars, "\0"), seed, block_chars=self._block_chars)[0]
-        )
+        key = hashes[0] if hashes else block_hashes(text.ljust(block, "\0"), seed, block_chars=block)[0]
         return Fingerprint(tuple(hashes), key, len(text))
+
+    def _token_fingerprint(self, payload: Mapping[str, Any], *, chat: bool, seed: int) -> Fingerprint:
+        assert self.tokenizer is not None
+        if chat:
+            ids = self.tokenizer.chat(payload["messages"], payload.get("tools"))
+        else:
+            ids = self.tokenizer.completion(payload["prompt"])
+        hashes = token_block_hashes(ids, seed, block_tokens=self._block_size, max_blocks=self._max_blocks)
+        key = hashes[0] if hashes else xxhash.xxh3_64_intdigest(ids.tobytes(), seed)
+        return Fingerprint(tuple(hashes), key, len(ids))
 
     def matched_blocks(self, fingerprint: Fingerprint, replicas: Iterable[str]) -> dict[str, int]:
         return self.index.match(fingerprint.hashes, replicas)
@@ -83,7 +109,7 @@ class PrefixTracker:
         cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
         if not isinstance(prompt_tokens, int) or not isinstance(cached, int) or prompt_tokens <= 0:
             return  # the backend does not report cache hits (SGLang without --enable-cache-report)
-        real_blocks = int(cached / prompt_tokens * fingerprint.text_chars) // self._block_chars
+        real_blocks = int(cached / prompt_tokens * fingerprint.length) // self._block_size
         if real_blocks + _BLOCK_SLACK < predicted_blocks:
             self.index.penalize(replica)
         elif predicted_blocks:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -121,7 +122,7 @@ class CompletionsHandler:
         attempt.stream = parsed.stream
         targets = route.targets_for(tenant.name)
         if route.policy.uses_prefix:
-            self._match_prefix(parsed, targets, route.name, tenant.name, attempt)
+            parsed = self._match_prefix(parsed, targets, route.name, tenant.name, attempt)
         request = RouteRequest(
             tenant=tenant.name,
             route=route.name,
@@ -221,16 +222,20 @@ class CompletionsHandler:
 
     def _match_prefix(
         self, parsed: ParsedRequest, targets: tuple[str, ...], route: str, tenant: str, attempt: Attempt
-    ) -> None:
-        """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds."""
+    ) -> ParsedRequest:
+        """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds. With a
+        tokenizer configured the prompt's token count is known: it replaces the estimate from its length."""
         prefix = self._state.prefix
         fingerprint = prefix.fingerprint(parsed.payload, chat=self._chat, model=route, salt=tenant)
+        if prefix.tokenizer is not None:
+            parsed = replace(parsed, prompt_tokens=max(1, fingerprint.length))
         attempt.fingerprint = fingerprint
         attempt.matched_blocks = prefix.matched_blocks(fingerprint, targets)
         per_block = prefix.tokens_per_block
         attempt.prefix_tokens = {
             name: min(blocks * per_block, parsed.prompt_tokens) for name, blocks in attempt.matched_blocks.items()
         }
+        return parsed
 
     async def _forward(
         self,

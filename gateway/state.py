@@ -7,15 +7,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from tokenizers import Tokenizer
 
 from backends.hosted import HostedModel
 from backends.http1 import Http1Client
 from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
+from cache.tokens import PromptTokenizer
 from gateway.accounting import Accountant, make_client
 from gateway.catalog import Catalog, Endpoints, build_catalog
 from gateway.coalesce import PrefillsInFlight
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.live_config import LiveConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixTracker
@@ -115,7 +117,13 @@ def build_state(
     """Assemble the gateway; ``replica_urls`` and ``hosted_urls`` give the simulators started for it."""
     endpoints = Endpoints(replica_urls, hosted_urls)
     catalog = build_catalog(config, endpoints, {})
-    prefix = PrefixTracker(block_chars=config.prefix.block_chars, max_blocks=config.prefix.max_blocks)
+    settings = config.prefix
+    prefix = PrefixTracker(
+        block_chars=settings.block_chars,
+        max_blocks=settings.max_blocks,
+        tokenizer=None if settings.tokenizer is None else load_tokenizer(settings.tokenizer),
+        block_tokens=settings.block_tokens,
+    )
     registry = BackendRegistry(
         catalog.backends,
         interval_s=config.health.interval_s,
@@ -136,3 +144,11 @@ def build_state(
     )
     state.apply(catalog)
     return state
+
+
+def load_tokenizer(path: str) -> PromptTokenizer:
+    """The ``prefix.tokenizer`` file as a :class:`PromptTokenizer`, or a :class:`ConfigError` saying why not."""
+    try:
+        return PromptTokenizer(Tokenizer.from_file(path))
+    except Exception as exc:  # tokenizers raises its own Exception subclasses for a missing or malformed file
+        raise ConfigError(f"prefix.tokenizer: cannot load {path!r} as a Hugging Face tokenizer.json ({exc})") from None

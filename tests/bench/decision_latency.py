@@ -1,6 +1,7 @@
 """Routing-decision cost: an 8k-token chat prompt over 16 replicas, fingerprint + index match + policy.
 
     python -m tests.bench.decision_latency [--replicas 16] [--prompt-tokens 8192] [--rounds 5000]
+        [--tokenizer tokenizer.json --block-tokens 64]
 
 Prints p50/p99 in microseconds for the whole in-process decision (the gateway's own code path:
 fingerprint, index match, registry snapshot, policy, index insert), and the index's size after the run.
@@ -19,6 +20,7 @@ import time
 from backends.registry import Backend, BackendRegistry
 from gateway.config import PrefixConfig
 from gateway.prefix import PrefixTracker
+from gateway.state import load_tokenizer
 from policies.registry import build_policy
 from policies.types import RouteRequest
 
@@ -29,12 +31,19 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=5000)
     parser.add_argument("--groups", type=int, default=64, help="distinct shared system prompts")
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer.json: blocks of tokens (prefix.tokenizer)")
+    parser.add_argument("--block-tokens", type=int, default=64)
     args = parser.parse_args()
 
     rng = random.Random(7)
     names = [f"r{i}" for i in range(args.replicas)]
     defaults = PrefixConfig()  # the gateway's own defaults
-    tracker = PrefixTracker(block_chars=defaults.block_chars, max_blocks=defaults.max_blocks)
+    tracker = PrefixTracker(
+        block_chars=defaults.block_chars,
+        max_blocks=defaults.max_blocks,
+        tokenizer=None if args.tokenizer is None else load_tokenizer(args.tokenizer),
+        block_tokens=args.block_tokens,
+    )
     for name in names:
         tracker.capacity_known(name, 500_000)
     policy = build_policy("cache_aware")

@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
+from tests.support.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,28 @@ def test_a_restarted_replica_starts_with_an_empty_index(tmp_path: Path) -> None:
     finally:
         gateway.stop()
         replica.stop()
+
+
+def test_token_block_fingerprints_route_to_the_warm_replica(limited: list[RunningProcess], tmp_path: Path) -> None:
+    config = gateway_config([r.url for r in limited])
+    config["pools"][0]["prefill_tokens_per_s"] = 1_000_000
+    config["prefix"] = {"tokenizer": str(train_tokenizer(tmp_path / "tokenizer.json")), "block_tokens": 32}
+    config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
+    gateway = start_gateway(config, tmp_path)
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    try:
+        first, _, _ = ask(client, "aware", 700, "first question")
+        backend, reason, usage = ask(client, "aware", 700, "a follow-up")
+        assert (backend, reason) == (first, "prefix_hit")
+        assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
+        predicted = next(
+            float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(gateway.url + "/metrics").text.splitlines()
+            if line.startswith("spillgate_prompt_tokens_total") and 'kind="predicted_cached"' in line
+        )
+        assert predicted >= 0.8 * usage.prompt_tokens, "the follow-up's prefix was predicted, in 32-token blocks"
+    finally:
+        gateway.stop()
 
 
 def wait_for_health(gateway: RunningProcess, *, healthy: bool) -> None:

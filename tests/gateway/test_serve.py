@@ -73,6 +73,17 @@ def test_unknown_target_and_missing_file(tmp_path: Path) -> None:
     assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_unreadable_tokenizer_fails_fast(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO_ROOT / "config" / "demo.yaml").read_text())
+    config["prefix"] = {"tokenizer": str(tmp_path / "missing-tokenizer.json")}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_serve(path)
+    assert result.returncode == 2
+    assert "prefix.tokenizer: cannot load" in result.stderr and "missing-tokenizer.json" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def run_serve(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
