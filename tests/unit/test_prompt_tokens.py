@@ -28,13 +28,14 @@ def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
+def token_tracker(tokenizer_file: Path) -> PrefixTracker:
+    """Blocks of 16 tokens of the trained tokenizer."""
+    tokenizer = PromptTokenizer(Tokenizer.from_file(str(tokenizer_file)))
+    return PrefixTracker(block_chars=256, max_blocks=512, tokenizer=tokenizer, block_tokens=16)
+
+
 def test_turn_n_plus_one_extends_turn_n_in_tokens_and_tenants_never_collide(tokenizer_file: Path) -> None:
-    tracker = PrefixTracker(
-        block_chars=256,
-        max_blocks=512,
-        tokenizer=PromptTokenizer(Tokenizer.from_file(str(tokenizer_file))),
-        block_tokens=16,
-    )
+    tracker = token_tracker(tokenizer_file)
     assert tracker.tokens_per_block == 16
     shorter = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="a")
     longer = tracker.fingerprint({"messages": conversation(3)}, chat=True, model="m", salt="a")
@@ -61,12 +62,7 @@ def test_a_record_sent_again_is_not_tokenized_again(tokenizer_file: Path) -> Non
 
 
 def test_feedback_is_judged_in_token_blocks(tokenizer_file: Path) -> None:
-    tracker = PrefixTracker(
-        block_chars=256,
-        max_blocks=512,
-        tokenizer=PromptTokenizer(Tokenizer.from_file(str(tokenizer_file))),
-        block_tokens=16,
-    )
+    tracker = token_tracker(tokenizer_file)
     tracker.capacity_known("r0", 100_000)
     fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="t")
     tracker.dispatched("r0", fingerprint)
