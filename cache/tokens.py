@@ -44,6 +44,9 @@ class PromptTokenizer:
         return ids
 
     def completion(self, prompt: object) -> array[int]:
+        """A completions ``prompt``: token ids are the tokens already; text is tokenized like a record."""
+        if isinstance(prompt, list) and prompt and all(_is_token_id(item) for item in prompt):
+            return array("I", prompt)
         return array("I", self._record(canonical_completion(prompt)))
 
     @property
@@ -65,3 +68,7 @@ class PromptTokenizer:
                 _, evicted = self._cache.popitem(last=False)
                 self._cached -= len(evicted)
         return ids
+
+
+def _is_token_id(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool) and 0 <= item < 2**32

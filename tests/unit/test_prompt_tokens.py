@@ -77,3 +77,14 @@ def test_feedback_is_judged_in_token_blocks(tokenizer_file: Path) -> None:
     }
     tracker.observed("r0", fingerprint, predicted, held_half)
     assert tracker.index.believed_capacity("r0") < nominal
+
+
+def test_a_completion_given_as_token_ids_is_hashed_as_those_tokens(tokenizer_file: Path) -> None:
+    tracker = token_tracker(tokenizer_file)
+    ids = list(range(1000, 1040))
+    fingerprint = tracker.fingerprint({"prompt": ids}, chat=False, model="m", salt="t")
+    assert (fingerprint.length, len(fingerprint.hashes)) == (40, 2)
+    extended = tracker.fingerprint({"prompt": [*ids, 7, 8]}, chat=False, model="m", salt="t")
+    assert extended.hashes[:2] == fingerprint.hashes
+    odd = tracker.fingerprint({"prompt": [-1, 2**40]}, chat=False, model="m", salt="t")  # not ids: as text
+    assert odd.length > 0
