@@ -31,6 +31,8 @@ class Encoder(Protocol):
 
 
 class PromptTokenizer:
+    """A prompt's token ids, record by record, with the ids of records seen before kept up to ``cache_tokens``."""
+
     def __init__(self, encoder: Encoder, *, cache_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self._encoder = encoder
         self._cache: OrderedDict[bytes, array[int]] = OrderedDict()
