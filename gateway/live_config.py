@@ -23,6 +23,7 @@ from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
 from gateway.secrets import MissingSecret
+from gateway.tasks import cancel_requested
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -218,6 +219,8 @@ class LiveConfig:
                     async with self._lock:
                         await self._adopt(fleet)
             except (aioredis.RedisError, OSError):
+                if cancel_requested():
+                    raise asyncio.CancelledError from None
                 continue  # the fleet's version is picked up when Redis answers again
 
     async def _adopt(self, number: int) -> None:

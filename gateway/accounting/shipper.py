@@ -12,6 +12,8 @@ import contextlib
 import logging
 import time
 
+from gateway.tasks import cancel_requested
+
 from .ledger import Ledger
 from .quota_redis import OUTAGE_ERRORS, RedisQuota
 
@@ -68,3 +70,5 @@ class Shipper:
                 await self.run_once()
             except Exception:  # the file may be failing; never let the shipper die
                 log.exception("ledger shipper pass failed")
+            if cancel_requested():  # a cancel that redis-py turned into an outage error must still stop it
+                raise asyncio.CancelledError
