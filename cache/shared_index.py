@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from cache.index import PrefixIndex
+from gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.prefix.shared")
 
@@ -92,7 +93,7 @@ class SharedPrefixIndex:
             try:
                 await self._flush_once()
             except (RedisError, OSError) as exc:
-                _stop_if_cancelled(exc)
+                stop_if_cancelled(exc)
                 self._lost(exc)
                 await asyncio.sleep(_RETRY_S)
 
@@ -130,7 +131,7 @@ class SharedPrefixIndex:
                         except (KeyError, ValueError) as exc:  # malformed (another version?): skip it, keep following
                             log.warning("prefix index: skipped stream entry %s (%r)", entry_id, exc)
             except (RedisError, OSError) as exc:
-                _stop_if_cancelled(exc)
+                stop_if_cancelled(exc)
                 self._lost(exc)
                 await asyncio.sleep(_RETRY_S)
 
@@ -153,10 +154,3 @@ class SharedPrefixIndex:
         if self.connected:
             log.warning("Redis unreachable (%s); routing on the local prefix index until it returns", exc)
         self.connected = False
-
-
-def _stop_if_cancelled(exc: BaseException) -> None:
-    """redis-py can turn a cancellation landing mid-command into a connection error: stop() must still stop."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError from exc

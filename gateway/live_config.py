@@ -23,7 +23,7 @@ from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
 from gateway.secrets import MissingSecret
-from gateway.tasks import cancel_requested
+from gateway.tasks import stop_if_cancelled
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -218,9 +218,8 @@ class LiveConfig:
                 if fleet > self.current.version and fleet != self._refused:
                     async with self._lock:
                         await self._adopt(fleet)
-            except (aioredis.RedisError, OSError):
-                if cancel_requested():
-                    raise asyncio.CancelledError from None
+            except (aioredis.RedisError, OSError) as exc:
+                stop_if_cancelled(exc)
                 continue  # the fleet's version is picked up when Redis answers again
 
     async def _adopt(self, number: int) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 
-from gateway.tasks import cancel_requested
+from gateway.tasks import stop_if_cancelled
 
 from .ledger import Ledger
 from .quota_redis import OUTAGE_ERRORS, RedisQuota
@@ -70,5 +70,4 @@ class Shipper:
                 await self.run_once()
             except Exception:  # the file may be failing; never let the shipper die
                 log.exception("ledger shipper pass failed")
-            if cancel_requested():  # a cancel that redis-py turned into an outage error must still stop it
-                raise asyncio.CancelledError
+            stop_if_cancelled()  # run_once may have caught a cancel that redis-py turned into an outage error
