@@ -65,6 +65,7 @@ def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Bac
         backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"))
         backend.served_model = pool.served_model
         backend.prefill_tokens_per_s = pool.prefill_tokens_per_s
+        backend.max_waiting_prefill = pool.max_waiting_prefill_tokens
         backend.tier = pool.tier
         backend.context_window = pool.context_window
         # A replica's cost is its GPU time: $/hour over the tokens it produces in an hour.

@@ -1,4 +1,5 @@
-"""Prompts being prefilled right now, so that a request sharing one waits for it instead of computing it again.
+"""Prompts being prefilled right now, so that a request sharing one waits for it instead of computing it again;
+prompts held back while their replica has enough waiting.
 
 SGLang matches a prompt against its radix cache when it puts the request into a prefill batch, and a new
 prefix enters the cache when the batch computing it ends. Two requests that bring the same new prefix to a
@@ -16,6 +17,17 @@ requests in arrival order (its ``schedule_policy`` is ``fcfs`` by default) up to
 new tokens. Held until then, a request could not have started sooner anyway; the replica is spared the
 repeated prefill.
 
+The same model of batch formation keeps batches short. SGLang puts every waiting request into its next
+prefill batch, up to ``chunked_prefill_size`` new tokens, and none of them sees its first token before the
+whole batch ends: under a burst every batch is full (8k tokens, about 0.3 s for an 8B model on an H100), and
+a prompt waits for the batch ahead and then for all of its own, however early in it it came. So once half a
+batch of new tokens waits unscheduled at a replica (``pools[].max_waiting_prefill_tokens``), further prompts
+of at least :data:`MIN_HELD_TOKENS` new tokens are held at the gateway, in order, and sent as batches form:
+the prompts already waiting get a shorter batch, and a held prompt is early in the one after. Held prompts
+are booked on their replica when decided, so later decisions see them queued there, and their prefix is
+theirs to compute, so requests sharing it wait for them as above. The replica does not idle for it: held
+prompts are sent as a batch forms, and reach the replica while that batch runs.
+
 Streamed requests only: a whole (non-streamed) response shows its first token when it ends, far too late to
 tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gsp`` (README).
 """
@@ -23,26 +35,40 @@ tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gs
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_BATCH_TOKENS = 8192
 """SGLang's ``chunked_prefill_size`` on an H100-class GPU, for replicas that do not say theirs."""
+MIN_HELD_TOKENS = 512
+"""A prompt with fewer new tokens is never held: it adds little to a batch, and a hit should not queue."""
 
 
 @dataclass(eq=False, slots=True)
 class Lead:
-    """One streamed request sent to one replica: the new prefix blocks it computes there, and when it starts."""
+    """One streamed request bound for one replica: the new prefix blocks it computes there, and when it starts."""
 
     replica: str
     hashes: tuple[int, ...]
     tokens: int
     """Prompt tokens it prefills (those the replica does not hold): its share of a prefill batch."""
     started: asyncio.Future[None]
+    released: asyncio.Future[None] | None = None
+    """Set when the gateway holds the request back (:meth:`PrefillsInFlight.sent`); done once it may go."""
+
+
+def hold_limit(configured: int | None, batch_tokens: int) -> int:
+    """Uncached tokens that may wait unscheduled at a replica before new prompts are held at the gateway:
+    ``configured`` if set (0: never hold), else half the replica's prefill batch (``chunked_prefill_size``)."""
+    if configured is not None:
+        return configured
+    return (batch_tokens or DEFAULT_BATCH_TOKENS) // 2
 
 
 class PrefillsInFlight:
-    """Which prefix blocks each replica is computing right now, and which of those prefills have started.
+    """Which prefix blocks each replica is computing right now, which of those prefills have started, and
+    which prompts the gateway holds back until their replica has room.
 
     Holds the streamed requests sent and not yet past their first token: bounded by the requests in flight
     times the fingerprint's block cap.
@@ -51,23 +77,61 @@ class PrefillsInFlight:
     def __init__(self) -> None:
         self._computing: dict[tuple[str, int], Lead] = {}
         self._pending: dict[str, dict[Lead, None]] = {}
-        """Per replica, the requests not past their first token, in the order they were sent."""
+        """Per replica, the requests sent and not past their first token, in the order they were sent."""
+        self._waiting: dict[str, int] = {}
+        """Per replica, the tokens of sent requests whose prefill batch has not formed yet."""
+        self._held: dict[str, deque[Lead]] = {}
+        """Per replica, the requests held at the gateway, in the order they came."""
+        self._hold_limits: dict[str, int] = {}
         self._batch_tokens: dict[str, int] = {}
 
-    def sent(self, replica: str, hashes: Sequence[int], cached_blocks: int, tokens: int, batch_tokens: int = 0) -> Lead:
+    def sent(
+        self,
+        replica: str,
+        hashes: Sequence[int],
+        cached_blocks: int,
+        tokens: int,
+        batch_tokens: int = 0,
+        hold_beyond: int = 0,
+    ) -> Lead:
         """A request goes to ``replica`` to prefill ``tokens`` tokens, among them the blocks
         ``hashes[cached_blocks:]``; ``batch_tokens`` is the replica's prefill batch budget (0: the default).
-        A block that an earlier request is computing stays that request's: it finishes first."""
-        lead = Lead(replica, tuple(hashes[cached_blocks:]), tokens, asyncio.get_running_loop().create_future())
-        pending = self._pending.setdefault(replica, {})
-        if not pending:
-            lead.started.set_result(None)  # an idle replica starts it at once
-        pending[lead] = None
+        A block that an earlier request is computing stays that request's: it finishes first.
+
+        With ``hold_beyond`` set, a prompt of at least :data:`MIN_HELD_TOKENS` new tokens is held while
+        ``hold_beyond`` tokens or more wait unscheduled there, or while earlier prompts are held: its
+        :attr:`Lead.released` is done when it may go. SGLang puts every waiting request into the next prefill
+        batch, up to ``chunked_prefill_size`` tokens, and none of them sees its first token before the whole
+        batch ends; holding the rest at the gateway keeps each batch to the prompts that can start soonest.
+        """
+        loop = asyncio.get_running_loop()
+        lead = Lead(replica, tuple(hashes[cached_blocks:]), tokens, loop.create_future())
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
         computing = self._computing
         for block in lead.hashes:
             computing.setdefault((replica, block), lead)
+        held = self._held.get(replica)
+        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
+            lead.released = loop.create_future()
+            self._hold_limits[replica] = hold_beyond
+            self._held.setdefault(replica, deque()).append(lead)
+        else:
+            self._enter(lead)
         return lead
+
+    def send_now(self, lead: Lead) -> None:
+        """Stop holding ``lead`` (it waited long enough): it goes now, whatever waits at its replica."""
+        released = lead.released
+        if released is None or released.done():
+            return
+        self._held[lead.replica].remove(lead)
+        released.set_result(None)
+        self._enter(lead)
+
+    def held(self, replica: str) -> tuple[int, int]:
+        """Tokens and count of the prompts held back for ``replica``."""
+        held = self._held.get(replica, ())
+        return sum(lead.tokens for lead in held), len(held)
 
     def ended(self, lead: Lead) -> None:
         """``lead``'s prefill is over (its first token came, or it failed): its blocks are cached or gone, and
@@ -78,25 +142,54 @@ class PrefillsInFlight:
             key = (replica, block)
             if computing.get(key) is lead:
                 del computing[key]
+        released = lead.released
+        if released is not None and not released.done():
+            # Still held (its client left): it never reached the replica.
+            self._held[replica].remove(lead)
+            released.cancel()
+            lead.started.set_result(None)
+            return
+        pending = self._pending.get(replica)
+        if pending is not None and lead in pending:
+            del pending[lead]
+            if not lead.started.done():
+                self._waiting[replica] -= lead.tokens
         if not lead.started.done():
             lead.started.set_result(None)
-        pending = self._pending.get(replica)
-        if pending is None:
-            return
-        pending.pop(lead, None)
         # Started requests come first in ``pending``; while one remains, its batch has not ended (the others'
         # first tokens are on their way). Once none does, the next batch takes the waiting requests in order
         # until the budget is spent, the one crossing it included (SGLang chunks it).
-        if not pending or next(iter(pending)).started.done():
+        if pending and not next(iter(pending)).started.done():
+            budget = self._batch_tokens.get(replica, DEFAULT_BATCH_TOKENS)
+            ahead = 0
+            for other in pending:
+                if ahead >= budget:
+                    break
+                if not other.started.done():
+                    other.started.set_result(None)
+                    self._waiting[replica] -= other.tokens
+                ahead += other.tokens
+        self._release_held(replica)
+
+    def _enter(self, lead: Lead) -> None:
+        """``lead`` reaches its replica's queue: an idle replica starts it at once."""
+        pending = self._pending.setdefault(lead.replica, {})
+        if not pending:
+            lead.started.set_result(None)
+        else:
+            self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
+        pending[lead] = None
+
+    def _release_held(self, replica: str) -> None:
+        held = self._held.get(replica)
+        if not held:
             return
-        budget = self._batch_tokens.get(replica, DEFAULT_BATCH_TOKENS)
-        ahead = 0
-        for other in pending:
-            if ahead >= budget:
-                break
-            if not other.started.done():
-                other.started.set_result(None)
-            ahead += other.tokens
+        limit = self._hold_limits[replica]
+        while held and self._waiting.get(replica, 0) < limit:
+            lead = held.popleft()
+            assert lead.released is not None
+            lead.released.set_result(None)
+            self._enter(lead)
 
     def computing(self, replica: str, hashes: Sequence[int], matched_blocks: int) -> tuple[Lead | None, int]:
         """The request computing the end of a match of ``matched_blocks`` blocks on ``replica``, and how many of

@@ -93,6 +93,12 @@ class PoolConfig(Strict):
     simulated: SimulatedReplicas | None = None
     context_window: int = Field(default=131072, gt=0)
     prefill_tokens_per_s: float = Field(default=20000.0, gt=0, description="uncached prompt tokens/s, for TTFT")
+    max_waiting_prefill_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="uncached prompt tokens that may wait unscheduled at a replica before the gateway holds new "
+        "streamed prompts back; default half the replica's chunked_prefill_size, 0 never holds",
+    )
     tier: int = Field(default=1, ge=0, description="quality tier; prompts scored complex need a higher one")
     gpu_usd_per_hour: float = Field(default=0.0, ge=0, description="what one replica costs, for cost accounting")
     output_tokens_per_s: float = Field(default=1000.0, gt=0, description="one replica's throughput, for cost")

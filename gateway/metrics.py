@@ -58,6 +58,13 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self.prompt_holds = Counter(
+            "spillgate_prompt_holds",
+            "Streamed prompts held at the gateway because their replica already had a prefill batch's worth of "
+            "prompts waiting (pools[].max_waiting_prefill_tokens), so that they did not lengthen that batch.",
+            ("backend",),
+            registry=self.registry,
+        )
         self.overloaded = Counter(
             "spillgate_overloaded",
             "Completions refused with 503 because limits.max_in_flight requests were already in flight.",

@@ -20,6 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import LedgerEntry, QuotaExceeded, Reservation
+from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
     JSON_HEADERS,
@@ -59,8 +60,9 @@ _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
 _SHARED_PREFILL_MIN_TOKENS = 256
 """A prefill of fewer shared tokens than this is not worth waiting for: computing them again costs less."""
-_SHARED_PREFILL_MAX_WAIT_S = 10.0
-"""The longest a request waits for another's prefill (or its tenant's TTFT target, if shorter)."""
+_LONGEST_HOLD_S = 10.0
+"""The longest a request is held at the gateway, for another's prefill or for room at its replica (or its
+tenant's TTFT target, if shorter)."""
 _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 _GATEWAY_OWNED_FIELDS = (
     "rid",
@@ -307,16 +309,19 @@ class CompletionsHandler:
         error: ApiError | None = None
         for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
             backend = registry[name]
-            if index == 0 and backend.kind == "replica" and attempt.stream:
+            first = index == 0
+            if first and backend.kind == "replica" and attempt.stream:
                 # Before the backend is named: a client that leaves while held was never served.
                 await self._await_shared_prefill(backend, attempt)
-            attempt.backend = name
-            attempt.served_by = backend
-            attempt.reason = decision.reason if index == 0 else "fallback"
             attempt.first_token_at = 0.0
             attempt.usage = None
-            self._book(backend, parsed, attempt)
+            self._book(backend, parsed, attempt, may_hold=first)
             try:
+                if attempt.lead is not None and attempt.lead.released is not None:
+                    await self._await_release(backend, attempt)  # booked, but not named until sent
+                attempt.backend = name
+                attempt.served_by = backend
+                attempt.reason = decision.reason if first else "fallback"
                 if backend.kind == "hosted":
                     outcome = await self._hosted.serve(
                         self._state.hosted_models[name], backend, parsed, attempt, send, self._first_token
@@ -377,17 +382,28 @@ class CompletionsHandler:
         if lead is None or lead.started.done() or blocks * state.prefix.tokens_per_block < _SHARED_PREFILL_MIN_TOKENS:
             return
         state.metrics.prefill_waits.labels(backend.name).inc()
-        limit = _SHARED_PREFILL_MAX_WAIT_S
-        if attempt.tenant is not None:
-            limit = min(limit, attempt.tenant.ttft_slo_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(lead.started), limit)
+            await asyncio.wait_for(asyncio.shield(lead.started), _longest_wait(attempt))
 
-    def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt) -> None:
-        """Count the request against ``backend`` before it is sent, so concurrent decisions see it."""
-        slots_full = backend.max_running and backend.in_flight >= backend.max_running
-        attempt.prefill_ahead = None if slots_full else backend.pending_prefill_tokens
-        attempt.sent_at = time.perf_counter()
+    async def _await_release(self, backend: Backend, attempt: Attempt) -> None:
+        """Wait while the replica has a prefill batch's worth of prompts waiting already (:mod:`gateway.coalesce`):
+        held here, the prompt can still join the batch after those; sent now, it would make theirs longer."""
+        lead = attempt.lead
+        assert lead is not None and lead.released is not None
+        prefilling = self._state.prefilling
+        self._state.metrics.prompt_holds.labels(backend.name).inc()
+        try:
+            await asyncio.wait_for(asyncio.shield(lead.released), _longest_wait(attempt))
+        except TimeoutError:
+            prefilling.send_now(lead)
+        # Measured from here: the prompts held behind this one are not ahead of it at the replica.
+        held_tokens, held = prefilling.held(backend.name)
+        self._mark_sent(backend, attempt, backend.pending_prefill_tokens - held_tokens, backend.in_flight - 1 - held)
+
+    def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, *, may_hold: bool = False) -> None:
+        """Count the request against ``backend`` before it is sent, so concurrent decisions see it (also while
+        the gateway holds it back, since it goes ahead of the requests decided after it)."""
+        self._mark_sent(backend, attempt, backend.pending_prefill_tokens, backend.in_flight)
         backend.in_flight += 1
         attempt.booked_tokens = parsed.max_tokens or _ASSUMED_OUTPUT_TOKENS
         backend.outstanding_tokens += attempt.booked_tokens
@@ -404,7 +420,16 @@ class CompletionsHandler:
                 attempt.matched_blocks.get(backend.name, 0),
                 attempt.pending_prefill,
                 backend.prefill_batch_tokens,
+                hold_limit(backend.max_waiting_prefill, backend.prefill_batch_tokens) if may_hold else 0,
             )
+
+    @staticmethod
+    def _mark_sent(backend: Backend, attempt: Attempt, prefill_ahead: int, in_flight_ahead: int) -> None:
+        """The request leaves for ``backend`` now, behind ``prefill_ahead`` uncached tokens and
+        ``in_flight_ahead`` requests of ours there."""
+        slots_full = backend.max_running and in_flight_ahead >= backend.max_running
+        attempt.prefill_ahead = None if slots_full else prefill_ahead
+        attempt.sent_at = time.perf_counter()
 
     def _first_token(self, backend: Backend, attempt: Attempt) -> None:
         attempt.first_token_at = time.perf_counter()
@@ -556,6 +581,12 @@ class CompletionsHandler:
             if attempt.first_token_at:
                 metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
             self._count_slo(attempt, attempt.tpot_s)
+
+
+def _longest_wait(attempt: Attempt) -> float:
+    if attempt.tenant is None:
+        return _LONGEST_HOLD_S
+    return min(_LONGEST_HOLD_S, attempt.tenant.ttft_slo_s)
 
 
 def _quota_error(refused: QuotaExceeded) -> ApiError:

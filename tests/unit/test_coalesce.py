@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.coalesce import PrefillsInFlight
+from gateway.coalesce import DEFAULT_BATCH_TOKENS, PrefillsInFlight, hold_limit
 
 
 async def test_a_shared_prefix_is_computed_by_the_first_request_sent() -> None:
@@ -47,3 +47,50 @@ async def test_a_failure_releases_its_waiters() -> None:
     prefills.ended(failed)
     assert failed.started.done(), "nobody may wait for a request that will never start"
     assert prefills.computing("r0", (2, 3), 2) == (None, 0)
+
+
+async def test_prompts_wait_at_the_gateway_while_their_replica_has_enough_waiting() -> None:
+    """Past ``hold_beyond`` tokens waiting unscheduled, new prompts are held in order and go as batches form;
+    a cheap prompt (a prefix hit) is never held."""
+    prefills = PrefillsInFlight()
+    running = prefills.sent("r0", (1,), 0, tokens=6000, batch_tokens=8192, hold_beyond=4096)
+    second = prefills.sent("r0", (2,), 0, tokens=3000, batch_tokens=8192, hold_beyond=4096)
+    third = prefills.sent("r0", (3,), 0, tokens=3000, batch_tokens=8192, hold_beyond=4096)
+    assert running.released is None and second.released is None and third.released is None, "3,000 < 4,096"
+    fourth = prefills.sent("r0", (4,), 0, tokens=3000, batch_tokens=8192, hold_beyond=4096)
+    hit = prefills.sent("r0", (5,), 0, tokens=100, batch_tokens=8192, hold_beyond=4096)
+    fifth = prefills.sent("r0", (6,), 0, tokens=600, batch_tokens=8192, hold_beyond=4096)
+    assert fourth.released is not None and not fourth.released.done(), "6,000 tokens wait already"
+    assert hit.released is None, "a prompt of fewer than MIN_HELD_TOKENS new tokens goes at once"
+    assert fifth.released is not None and not fifth.released.done(), "held prompts keep their order"
+    assert prefills.held("r0") == (3600, 2)
+    assert prefills.sent("r1", (4,), 0, tokens=3000, hold_beyond=4096).released is None, "r1 is idle"
+
+    prefills.ended(running)
+    assert second.started.done() and third.started.done() and hit.started.done(), "the next batch forms"
+    assert fourth.released.done() and fifth.released.done(), "nothing waits unscheduled: both go"
+    assert not fourth.started.done() and not fifth.started.done(), "they wait for the batch after"
+    assert prefills.held("r0") == (0, 0)
+
+
+async def test_a_held_prompt_whose_client_leaves_frees_its_place_and_its_waiters() -> None:
+    prefills = PrefillsInFlight()
+    prefills.sent("r0", (1,), 0, tokens=6000, hold_beyond=1)
+    waiting = prefills.sent("r0", (2,), 0, tokens=3000, hold_beyond=1)
+    gone = prefills.sent("r0", (3, 4), 0, tokens=3000, hold_beyond=1)
+    after = prefills.sent("r0", (5,), 0, tokens=3000, hold_beyond=1)
+    assert waiting.released is None and gone.released is not None and after.released is not None
+    assert prefills.computing("r0", (3, 4), 2) == (gone, 2), "a held prompt's prefix is still its to compute"
+    prefills.ended(gone)
+    assert gone.started.done(), "requests sharing its prefix stop waiting for it"
+    assert prefills.computing("r0", (3, 4), 2) == (None, 0)
+    assert prefills.held("r0") == (3000, 1), "only the prompt behind it is held now"
+    prefills.send_now(after)
+    assert after.released.done() and prefills.held("r0") == (0, 0), "a prompt held too long goes anyway"
+
+
+def test_the_hold_limit_defaults_to_half_a_prefill_batch() -> None:
+    assert hold_limit(None, 8192) == 4096
+    assert hold_limit(None, 0) == DEFAULT_BATCH_TOKENS // 2, "a replica that does not say its batch size"
+    assert hold_limit(0, 8192) == 0, "0 never holds"
+    assert hold_limit(2000, 8192) == 2000
