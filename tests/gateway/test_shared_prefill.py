@@ -5,44 +5,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, hang_up_while_held, serve_one_slow_replica, streamed_usage, words
 from tests.support.procs import RunningProcess
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
-    """One replica at a third of real speed: the blocker's 6k-token prefill takes about half a second there."""
-    log_dir: Path = tmp_path_factory.mktemp("shared-prefill")
-    replica = start_replica(log_dir, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
-    config = gateway_config([replica.url])
-    config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
-    gateway = start_gateway(config, log_dir)
-    yield gateway
-    gateway.stop()
-    replica.stop()
+    def add_route(config: dict[str, Any]) -> None:
+        config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
 
-
-def words(tag: str, count: int) -> str:
-    return " ".join(f"{tag}{i}" for i in range(count))
+    yield from serve_one_slow_replica(tmp_path_factory.mktemp("shared-prefill"), add_route)
 
 
 def stream(client: openai.OpenAI, system: str, question: str) -> tuple[int, int]:
     """Prompt and cached tokens of one streamed answer."""
-    chunks = client.chat.completions.create(
-        model="aware",
-        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
-        max_tokens=2,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    usage = [chunk.usage for chunk in chunks if chunk.usage is not None][-1]
-    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    usage = streamed_usage(client, "aware", messages)
+    assert usage.prompt_tokens_details is not None
+    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
 
 
 def test_a_request_waits_for_the_prefill_of_the_prefix_it_shares(gateway: RunningProcess) -> None:
@@ -81,15 +67,9 @@ def test_a_client_that_leaves_while_held_was_never_served(gateway: RunningProces
     first = threading.Thread(target=stream, args=(client, system, "first question"))
     first.start()
     time.sleep(0.1)
-    body = {
-        "model": "aware",
-        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "second question"}],
-        "max_tokens": 2,
-        "stream": True,
-    }
-    headers = {"authorization": f"Bearer {TENANT_KEY}"}
-    with pytest.raises(httpx.ReadTimeout):  # held for the blocker's prefill: nothing comes back in 0.1 s
-        httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=httpx.Timeout(5, read=0.1))
+    # Held for the blocker's prefill:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "second question"}]
+    hang_up_while_held(gateway, "aware", messages)
     first.join()
     blocker.join()
     metrics = httpx.get(gateway.url + "/metrics").text

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
+import pytest
 import yaml
+from openai.types import CompletionUsage
 
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
@@ -47,3 +52,40 @@ def start_replica(tmp_path: Path, *args: str, port: int | None = None) -> Runnin
     return start_spillgate(
         ["sim-replica", "--port", str(port), "--model-name", "sim-model", *args], port=port, log_dir=tmp_path
     )
+
+
+def serve_one_slow_replica(log_dir: Path, edit: Callable[[dict[str, Any]], None]) -> Iterator[RunningProcess]:
+    """A gateway (its config changed by ``edit``) in front of one simulated 8B replica at a third of real
+    speed, where a 6k-token prefill takes about half a second: long enough for requests to queue behind it.
+    Stops both when the generator is closed."""
+    replica = start_replica(log_dir, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
+    config = gateway_config([replica.url])
+    edit(config)
+    gateway = start_gateway(config, log_dir)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+        replica.stop()
+
+
+def words(tag: str, count: int) -> str:
+    """A prompt of ``count`` distinct words that shares no prefix with another tag's."""
+    return " ".join(f"{tag}{i}" for i in range(count))
+
+
+def streamed_usage(client: openai.OpenAI, model: str, messages: list[dict[str, str]]) -> CompletionUsage:
+    """The usage of one streamed answer (the stream read to its end)."""
+    chunks = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=2, stream=True, stream_options={"include_usage": True}
+    )  # type: ignore[arg-type]
+    usages = [chunk.usage for chunk in chunks if chunk.usage is not None]
+    return usages[-1]
+
+
+def hang_up_while_held(gateway: RunningProcess, model: str, messages: list[dict[str, str]]) -> None:
+    """Send a streamed request and hang up when nothing has come back within 0.1 s, as it must not while held."""
+    body = {"model": model, "messages": messages, "max_tokens": 2, "stream": True}
+    headers = {"authorization": f"Bearer {TENANT_KEY}"}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=httpx.Timeout(5, read=0.1))
