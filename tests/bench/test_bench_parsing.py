@@ -116,6 +116,12 @@ def test_chat_hit_rates_are_judged_against_each_runs_own_best() -> None:
     lost_hits = {**router, "spillgate cache_aware": {"chat": _figures(0.430, 140.0, 75.0, best=0.458)}}
     (line,) = targets(lost_hits, {}, ["chat"])
     assert "(of their own best: 93.9% vs 99.1%): MISSED" in line
+    both_at_best = {
+        "sglang-router cache_aware": {"chat": _figures(0.472232, 194.0, 75.0, best=0.472013)},
+        "spillgate cache_aware": {"chat": _figures(0.470949, 166.0, 75.0, best=0.470812)},
+    }
+    (line,) = targets(both_at_best, {}, ["chat"])
+    assert "(of their own best: 100.0% vs 100.0%): met (at its own best achievable" in line
 
 
 def test_repeats_pool_into_one_row() -> None:
