@@ -386,8 +386,8 @@ class CompletionsHandler:
             await asyncio.wait_for(asyncio.shield(lead.started), _longest_wait(attempt))
 
     async def _await_release(self, backend: Backend, attempt: Attempt) -> None:
-        """Wait while the replica has a prefill batch's worth of prompts waiting already (:mod:`gateway.coalesce`):
-        held here, the prompt can still join the batch after those; sent now, it would make theirs longer."""
+        """Wait while the replica has enough prompts waiting unscheduled (half a prefill batch by default,
+        :mod:`gateway.coalesce`): sent now, the prompt would make their batch longer; held, it leads the next."""
         lead = attempt.lead
         assert lead is not None and lead.released is not None
         prefilling = self._state.prefilling
@@ -396,9 +396,10 @@ class CompletionsHandler:
             await asyncio.wait_for(asyncio.shield(lead.released), _longest_wait(attempt))
         except TimeoutError:
             prefilling.send_now(lead)
-        # Measured from here: the prompts held behind this one are not ahead of it at the replica.
+        # Measured from here, behind what is booked there less this prompt and the prompts held behind it.
         held_tokens, held = prefilling.held(backend.name)
-        self._mark_sent(backend, attempt, backend.pending_prefill_tokens - held_tokens, backend.in_flight - 1 - held)
+        ahead = backend.pending_prefill_tokens - held_tokens - attempt.pending_prefill
+        self._mark_sent(backend, attempt, ahead, backend.in_flight - 1 - held)
 
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, *, may_hold: bool = False) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it (also while
