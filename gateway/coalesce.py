@@ -70,8 +70,8 @@ class PrefillsInFlight:
     """Which prefix blocks each replica is computing right now, which of those prefills have started, and
     which prompts the gateway holds back until their replica has room.
 
-    Holds the streamed requests sent and not yet past their first token: bounded by the requests in flight
-    times the fingerprint's block cap.
+    Holds the streamed requests held back, or sent and not yet past their first token: bounded by the requests
+    in flight times the fingerprint's block cap.
     """
 
     def __init__(self) -> None:
