@@ -60,8 +60,8 @@ class GatewayMetrics:
         )
         self.prompt_holds = Counter(
             "spillgate_prompt_holds",
-            "Streamed prompts held at the gateway because their replica already had a prefill batch's worth of "
-            "prompts waiting (pools[].max_waiting_prefill_tokens), so that they did not lengthen that batch.",
+            "Streamed prompts held at the gateway because their replica already had pools[].max_waiting_prefill_tokens "
+            "(half a prefill batch by default) waiting unscheduled, so that they did not lengthen the next batch.",
             ("backend",),
             registry=self.registry,
         )
