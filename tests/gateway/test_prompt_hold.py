@@ -1,4 +1,4 @@
-"""Prompts held at the gateway while their replica already has a prefill batch's worth waiting."""
+"""Prompts held at the gateway while their replica already has enough prefill waiting unscheduled."""
 
 from __future__ import annotations
 
@@ -71,5 +71,5 @@ def test_a_client_that_leaves_while_its_prompt_is_held_was_never_served(gateway:
     assert before != holds(gateway), "the prompt was held"
     metrics = httpx.get(gateway.url + "/metrics").text
     assert 'backend="-",outcome="client_disconnected",reason="-",route="chat"} 1.0' in metrics
-    # Its place is free: the next prompt is not held behind a request nobody waits for.
+    # The replica's queue carries on without it (its freed place itself is checked in tests/unit/test_coalesce.py).
     assert stream(client, words("after", 1000)) > 1000
