@@ -60,6 +60,8 @@ class RunFigures:
     """The best achievable hit rate of this run's own requests, when they depended on its timing (chat)."""
     ideal_ttft_p99_ms: float | None = None
     """TTFT p99 of the ideal placement of this run's own requests (:mod:`tests.bench.ideal_placement`)."""
+    sticky_ttft_p99_ms: float | None = None
+    """The same with each conversation's turns kept on the replica of its first (chat only)."""
     cpu_own_cores: float = 0.0
     """Cores the replicas, the router and the load generator used, on average over the run."""
     cpu_other_cores: float = 0.0
@@ -239,6 +241,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
         "est. prefill busy % per replica",
         "est. prefill busy % measured",
         "ideal placement TTFT p99 ms",
+        "same, turns kept home",
         "client hit",
         "E2E stretch",
         "TTFT overhead ms",
@@ -264,6 +267,7 @@ def details_table(rows: Rows, workloads: Sequence[str]) -> str:
                     " ".join(f"{busy:.0f}" for busy in fig.prefill_busy_pct),
                     "-" if fig.window_prefill_busy_pct is None else f"{fig.window_prefill_busy_pct:.0f}",
                     _ms(fig.ideal_ttft_p99_ms),
+                    _ms(fig.sticky_ttft_p99_ms),
                     _pct(fig.client_hit_rate),
                     stretch,
                     _ms(fig.ttft_overhead_ms),

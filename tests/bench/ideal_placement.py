@@ -10,11 +10,15 @@ pass overhead or batch ever delays a prefill, and the router knows to the micros
 No router that forwards requests in the order they come can beat it. The distance from a router's TTFT p99
 down to it is shared by placement, the replicas' own batching and decode steps, and the prefill a prefix
 costs wherever it moves. A TTFT goal below it asks for what no placement can give.
+
+:func:`sticky_ttfts` is the same reference with one rule added: a conversation's turns stay on the replica
+its first turn went to, as they must for the turn to find its history cached there. Its distance from
+:func:`ideal_ttfts` is what keeping conversations home costs in queueing; a router beats it only by moving
+turns, which recomputes their history.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,17 +33,35 @@ class IdealRequest:
     prompt_tokens: int
     cached_tokens: int
     """The most of the prompt any placement could find cached: the best achievable reference's count."""
+    session: int | None = None
+    """The conversation a chat turn belongs to; ``None`` for an independent request."""
 
 
 def ideal_ttfts(requests: Sequence[IdealRequest], replicas: int, preset: Preset) -> list[float]:
     """Each request's TTFT in simulated seconds under the ideal placement, in the order given."""
+    return _placed_ttfts(requests, replicas, preset, keep_sessions_home=False)
+
+
+def sticky_ttfts(requests: Sequence[IdealRequest], replicas: int, preset: Preset) -> list[float]:
+    """:func:`ideal_ttfts` with each session's later turns on the replica its first turn went to."""
+    return _placed_ttfts(requests, replicas, preset, keep_sessions_home=True)
+
+
+def _placed_ttfts(
+    requests: Sequence[IdealRequest], replicas: int, preset: Preset, *, keep_sessions_home: bool
+) -> list[float]:
     free_at = [0.0] * replicas
+    home: dict[int, int] = {}
     ttfts = [0.0] * len(requests)
     for index in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
         request = requests[index]
-        start = max(request.arrival_s, heapq.heappop(free_at))
+        replica = home.get(request.session) if keep_sessions_home and request.session is not None else None
+        if replica is None:
+            replica = min(range(replicas), key=free_at.__getitem__)  # the first to free
+            if keep_sessions_home and request.session is not None:
+                home[request.session] = replica
+        start = max(request.arrival_s, free_at[replica])
         uncached = max(0, request.prompt_tokens - request.cached_tokens)
-        end = start + timing.prefill_compute_seconds(preset, uncached, request.prompt_tokens - uncached)
-        heapq.heappush(free_at, end)
-        ttfts[index] = end - request.arrival_s
+        free_at[replica] = start + timing.prefill_compute_seconds(preset, uncached, request.prompt_tokens - uncached)
+        ttfts[index] = free_at[replica] - request.arrival_s
     return ttfts

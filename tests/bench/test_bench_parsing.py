@@ -14,7 +14,7 @@ from gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import PRESET, ReplicaCounters
 from tests.bench.compare_routers import Replay, Run, by_session, ideal_ttft_p99_ms, targets
 from tests.bench.compare_table import RunFigures, figures
-from tests.bench.ideal_placement import IdealRequest, ideal_ttfts
+from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, sticky_ttfts
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
@@ -194,3 +194,25 @@ def test_ttft_verdict_names_the_ideal_placement() -> None:
     (line,) = targets({**rows, "spillgate cache_aware": {"gsp": ours}}, {"gsp": 0.804}, ["gsp"])
     assert "TTFT p99 0.83x sglang-router's (goal <= 0.7x): MISSED" in line
     assert "(280 ms against a goal of 236 ms; the ideal placement of the same requests: 250 ms, above the goal)" in line
+    ours.ideal_ttft_p99_ms, ours.sticky_ttft_p99_ms = 120.0, 245.0
+    (line,) = targets({**rows, "spillgate cache_aware": {"gsp": ours}}, {"gsp": 0.804}, ["gsp"])
+    sticky = "with each conversation's turns kept on one replica: 245 ms, above the goal)"
+    assert f"the same requests: 120 ms, {sticky}" in line
+
+
+def test_sticky_placement_keeps_a_conversation_on_its_first_replica() -> None:
+    """Two replicas: session 1's second turn waits behind session 1's replica although the other one is free."""
+    preset = get_preset(PRESET)
+    cold = timing.prefill_compute_seconds(preset, 2000, 0)
+    turn = timing.prefill_compute_seconds(preset, 1000, 1000)
+    requests = [
+        IdealRequest(0.0, 2000, 0, session=1),
+        IdealRequest(0.0, 2000, 0, session=2),
+        IdealRequest(0.0, 2000, 0, session=3),  # queues behind session 1 on replica 0
+        IdealRequest(cold / 2, 2000, 1000, session=1),  # replica 1 frees at `cold`, replica 0 at 2 x cold
+    ]
+    assert sticky_ttfts(requests, 2, preset) == pytest.approx([cold, cold, 2 * cold, 2 * cold + turn - cold / 2])
+    moved = ideal_ttfts(requests, 2, preset)
+    assert moved[3] == pytest.approx(cold + turn - cold / 2), "without the rule the turn takes the first free"
+    independent = [IdealRequest(r.arrival_s, r.prompt_tokens, r.cached_tokens) for r in requests]
+    assert sticky_ttfts(independent, 2, preset) == pytest.approx(moved), "no sessions: the ideal placement"
