@@ -20,8 +20,8 @@ repeated prefill.
 The same model of batch formation keeps batches short. SGLang puts every waiting request into its next
 prefill batch, up to ``chunked_prefill_size`` new tokens, and none of them sees its first token before the
 whole batch ends: under a burst every batch is full (8k tokens, about 0.3 s for an 8B model on an H100), and
-a prompt waits for the batch ahead and then for all of its own, however early in it it came. So once half a
-batch of new tokens waits unscheduled at a replica (``pools[].max_waiting_prefill_tokens``), further prompts
+a prompt waits for the batch ahead and then for all of its own, however early in it it came. So once an eighth
+of a batch of new tokens waits unscheduled at a replica (``pools[].max_waiting_prefill_tokens``), further prompts
 of at least :data:`MIN_HELD_TOKENS` new tokens are held at the gateway, in order, and sent as batches form:
 the prompts already waiting get a shorter batch, and a held prompt is early in the one after. Held prompts
 are booked on their replica when decided, so later decisions see them queued there, and their prefix is
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 DEFAULT_BATCH_TOKENS = 8192
 """SGLang's ``chunked_prefill_size`` on an H100-class GPU, for replicas that do not say theirs."""
+HOLD_BATCH_FRACTION = 8
+"""By default prompts are held once an eighth of a prefill batch waits unscheduled at their replica."""
 MIN_HELD_TOKENS = 512
 """A prompt with fewer new tokens is never held: it adds little to a batch, and a hit should not queue."""
 
@@ -60,10 +62,11 @@ class Lead:
 
 def hold_limit(configured: int | None, batch_tokens: int) -> int:
     """Uncached tokens that may wait unscheduled at a replica before new prompts are held at the gateway:
-    ``configured`` if set (0: never hold), else half the replica's prefill batch (``chunked_prefill_size``)."""
+    ``configured`` if set (0: never hold), else an eighth of the replica's prefill batch (``chunked_prefill_size``):
+    about one long prompt. On ``gsp`` (seeds 0-3) it cut TTFT p99 from 350 ms at half a batch to 294 ms (README)."""
     if configured is not None:
         return configured
-    return (batch_tokens or DEFAULT_BATCH_TOKENS) // 2
+    return (batch_tokens or DEFAULT_BATCH_TOKENS) // HOLD_BATCH_FRACTION
 
 
 class PrefillsInFlight:

@@ -97,7 +97,7 @@ class PoolConfig(Strict):
         default=None,
         ge=0,
         description="uncached prompt tokens that may wait unscheduled at a replica before the gateway holds new "
-        "streamed prompts back; default half the replica's chunked_prefill_size, 0 never holds",
+        "streamed prompts back; default an eighth of the replica's chunked_prefill_size, 0 never holds",
     )
     tier: int = Field(default=1, ge=0, description="quality tier; prompts scored complex need a higher one")
     gpu_usd_per_hour: float = Field(default=0.0, ge=0, description="what one replica costs, for cost accounting")

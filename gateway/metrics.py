@@ -61,7 +61,7 @@ class GatewayMetrics:
         self.prompt_holds = Counter(
             "spillgate_prompt_holds",
             "Streamed prompts held at the gateway because their replica already had pools[].max_waiting_prefill_tokens "
-            "(half a prefill batch by default) waiting unscheduled, so that they did not lengthen the next batch.",
+            "(an eighth of a prefill batch by default) waiting unscheduled, so as not to lengthen the next batch.",
             ("backend",),
             registry=self.registry,
         )

@@ -386,7 +386,7 @@ class CompletionsHandler:
             await asyncio.wait_for(asyncio.shield(lead.started), _longest_wait(attempt))
 
     async def _await_release(self, backend: Backend, attempt: Attempt) -> None:
-        """Wait while the replica has enough prompts waiting unscheduled (half a prefill batch by default,
+        """Wait while the replica has enough prompts waiting unscheduled (an eighth of a prefill batch by default,
         :mod:`gateway.coalesce`): sent now, the prompt would make their batch longer; held, it leads the next."""
         lead = attempt.lead
         assert lead is not None and lead.released is not None

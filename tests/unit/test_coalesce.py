@@ -89,8 +89,8 @@ async def test_a_held_prompt_whose_client_leaves_frees_its_place_and_its_waiters
     assert after.released.done() and prefills.held("r0") == (0, 0), "a prompt held too long goes anyway"
 
 
-def test_the_hold_limit_defaults_to_half_a_prefill_batch() -> None:
-    assert hold_limit(None, 8192) == 4096
-    assert hold_limit(None, 0) == DEFAULT_BATCH_TOKENS // 2, "a replica that does not say its batch size"
+def test_the_hold_limit_defaults_to_an_eighth_of_a_prefill_batch() -> None:
+    assert hold_limit(None, 8192) == 1024
+    assert hold_limit(None, 0) == DEFAULT_BATCH_TOKENS // 8, "a replica that does not say its batch size"
     assert hold_limit(0, 8192) == 0, "0 never holds"
     assert hold_limit(2000, 8192) == 2000
