@@ -13,8 +13,8 @@ costs wherever it moves. A TTFT goal below it asks for what no placement can giv
 
 :func:`sticky_ttfts` is the same reference with one rule added: a conversation's turns stay on the replica
 its first turn went to, as they must for the turn to find its history cached there. Its distance from
-:func:`ideal_ttfts` is what keeping conversations home costs in queueing; a router beats it only by moving
-turns, which recomputes their history.
+:func:`ideal_ttfts` is what keeping conversations home costs in queueing. First turns still go wherever frees
+first, which a router that foresaw the turns to come could improve on: a reference, not a strict floor.
 """
 
 from __future__ import annotations
