@@ -35,6 +35,8 @@ class Backend:
     api_key: str | None = None
     healthy: bool = True
     consecutive_failures: int = 0
+    lost_connection: bool = False
+    """A probe since the last good one could not connect at all: the process may have been restarted."""
     unhealthy_until: float = 0.0
     in_flight: int = 0
     pending_prefill_tokens: int = 0
@@ -203,31 +205,45 @@ class BackendRegistry:
         try:
             health = await self._http.get(backend.base_url + "/health")
             health.raise_for_status()
+            # A replica that only answered slowly or with an error status kept its cache. One that refused
+            # connections, or whose counters started again (even between two probes), is a new process: it
+            # comes back with an empty cache and perhaps a new capacity.
+            restarted = backend.lost_connection
             metrics = await self._http.get(backend.base_url + "/metrics")
             if metrics.status_code == 200:
-                backend.load = parse_replica_load(metrics.text)
-            if backend.max_total_tokens == 0:
-                info = await self._http.get(backend.base_url + "/get_server_info")
-                if info.status_code == 200:
-                    server_info = info.json()
-                    backend.max_total_tokens = int(server_info.get("max_total_num_tokens") or 0)
-                    backend.max_running = int(server_info.get("max_running_requests") or 0)
-                    backend.prefill_batch_tokens = max(0, int(server_info.get("chunked_prefill_size") or 0))
-                    if backend.max_total_tokens and self._events is not None:
-                        self._events.capacity_known(backend.name, backend.max_total_tokens)
+                load = parse_replica_load(metrics.text)
+                restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
+                backend.load = load
+            if restarted:
+                log.info("replica %s restarted: forgetting what it had cached", backend.name)
+                if self._events is not None:
+                    self._events.restarted(backend.name)
+            if restarted or backend.max_total_tokens == 0:
+                await self._read_server_info(backend)
         except (httpx.HTTPError, ValueError) as exc:
             backend.consecutive_failures += 1
             backend.last_error = f"probe failed: {type(exc).__name__}"
+            backend.lost_connection |= isinstance(exc, httpx.ConnectError)
             if backend.consecutive_failures >= self._unhealthy_after and backend.healthy:
                 log.warning("replica %s is unhealthy: %s", backend.name, backend.last_error)
                 backend.healthy = False
             return
         if not backend.healthy:
             log.info("replica %s is healthy again", backend.name)
-            # A restarted replica comes back with an empty cache and possibly a new capacity.
-            backend.max_total_tokens = 0
-            if self._events is not None:
-                self._events.restarted(backend.name)
+        backend.lost_connection = False
         backend.consecutive_failures = 0
         backend.healthy = True
         backend.unhealthy_until = 0.0
+
+    async def _read_server_info(self, backend: Backend) -> None:
+        """Capacity and limits from ``/get_server_info``; tolerant of a replica that does not serve it."""
+        assert self._http is not None
+        info = await self._http.get(backend.base_url + "/get_server_info")
+        if info.status_code != 200:
+            return
+        server_info = info.json()
+        backend.max_total_tokens = int(server_info.get("max_total_num_tokens") or 0)
+        backend.max_running = int(server_info.get("max_running_requests") or 0)
+        backend.prefill_batch_tokens = max(0, int(server_info.get("chunked_prefill_size") or 0))
+        if backend.max_total_tokens and self._events is not None:
+            self._events.capacity_known(backend.name, backend.max_total_tokens)

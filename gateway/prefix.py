@@ -120,7 +120,7 @@ class PrefixTracker:
         self.index.remove(replica)
 
     def restarted(self, replica: str) -> None:
-        """The replica came back from being unreachable: whatever it cached is gone."""
+        """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""
         self.index.clear(replica)
         if self.shared is not None:
             self.shared.publish("clear", replica)

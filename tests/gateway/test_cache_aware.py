@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,7 +58,7 @@ def test_requests_sharing_a_prefix_go_to_the_warm_replica(aware: RunningProcess)
         assert usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens / 2
         for n in range(3):
             backend, reason, usage = ask(client, "aware", group, f"follow-up {n}")
-            assert backend == first
+            assert backend == first, f"{reason}; the gateway's view: {httpx.get(aware.url + '/health').text}"
             assert reason == "prefix_hit"
             assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
 
@@ -84,28 +83,6 @@ def test_consistent_hash_is_sticky_per_prefix(aware: RunningProcess) -> None:
         assert len({ask(client, "hashed", 300 + group, f"q{n}")[0] for n in range(3)}) == 1
 
 
-def test_a_restarted_replica_starts_with_an_empty_index(tmp_path: Path) -> None:
-    replica = start_replica(tmp_path, "--time-scale", "0.02")
-    port = int(replica.url.rsplit(":", 1)[1])
-    config = gateway_config([replica.url])
-    config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
-    gateway = start_gateway(config, tmp_path)
-    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
-    try:
-        ask(client, "aware", 400, "first")
-        assert ask(client, "aware", 400, "second")[1] == "prefix_hit"
-        replica.stop()
-        wait_for_health(gateway, healthy=False)
-        replica = start_replica(tmp_path, "--time-scale", "0.02", port=port)
-        wait_for_health(gateway, healthy=True)
-        _, reason, usage = ask(client, "aware", 400, "third")
-        assert reason == "least_ttft", "the index must forget what the old process cached"
-        assert usage.prompt_tokens_details.cached_tokens < 50
-    finally:
-        gateway.stop()
-        replica.stop()
-
-
 def test_token_block_fingerprints_route_to_the_warm_replica(limited: list[RunningProcess], tmp_path: Path) -> None:
     config = gateway_config([r.url for r in limited])
     config["pools"][0]["prefill_tokens_per_s"] = 1_000_000
@@ -126,10 +103,3 @@ def test_token_block_fingerprints_route_to_the_warm_replica(limited: list[Runnin
         assert predicted >= 0.8 * usage.prompt_tokens, "the follow-up's prefix was predicted, in 32-token blocks"
     finally:
         gateway.stop()
-
-
-def wait_for_health(gateway: RunningProcess, *, healthy: bool) -> None:
-    deadline = time.monotonic() + 10
-    while httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["healthy"] != healthy:
-        assert time.monotonic() < deadline, f"pool-0 never became healthy={healthy}"
-        time.sleep(0.05)
