@@ -58,6 +58,8 @@ class Backend:
     tpot_s: float = 0.0
     outstanding_tokens: int = 0
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
+    external_load: int = 0
+    """What the last scrape showed beyond the gateway's own in-flight requests (see ``BackendState``)."""
     max_total_tokens: int = 0
     last_error: str = ""
     prefill: PrefillRateEstimator = field(init=False)
@@ -74,7 +76,7 @@ class Backend:
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
         load = self.load
         # Built once per candidate per request: positional, in BackendState's field order, through tuple.__new__
-        # (what the named tuple's own constructor calls after binding 21 arguments, which costs twice as much).
+        # (what the named tuple's own constructor calls after binding 22 arguments, which costs twice as much).
         return _new_state(
             BackendState,
             (
@@ -100,6 +102,7 @@ class Backend:
                 self.usd_per_mtok_out,
                 self.outstanding_tokens,
                 self.prefill.overhead_s,
+                self.external_load,
             ),
         )
 
@@ -214,6 +217,7 @@ class BackendRegistry:
                 load = parse_replica_load(metrics.text)
                 restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
                 backend.load = load
+                backend.external_load = max(0, load.running + load.queued - backend.in_flight)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
                 if self._events is not None:

@@ -14,15 +14,18 @@ def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:
 
     Prefill ahead is the gateway's own count of uncached prompt tokens still in prefill there (fresh and
     exact for our traffic); rate and fixed overhead are fitted to observed TTFTs against that same count
-    (:mod:`backends.prefill_rate`). A request beyond the replica's running slots (or queued by the replica itself)
-    waits for a running one to finish: the mean remaining output of the requests in flight there, at the
-    replica's measured time per output token, shared over its slots.
+    (:mod:`backends.prefill_rate`). A request beyond the replica's running slots (ours in flight there, plus
+    other clients' as last scraped) waits for a running one to finish: the mean remaining output of the
+    requests in flight there, at the replica's measured time per output token, shared over its slots.
     """
     uncached = max(0, request.prompt_tokens - backend.prefix_tokens)
     prefill = backend.prefill_overhead_s + (backend.pending_prefill_tokens + uncached) / backend.prefill_tokens_per_s
-    over = backend.queued
     if backend.max_running:
-        over = max(over, backend.in_flight + 1 - backend.max_running)
+        # Ahead for a slot: ours in flight now (a fresh count), plus other clients' requests as last scraped.
+        # Not the scraped queue itself: it is up to a probe interval old, and mostly ours, answered since.
+        over = backend.in_flight + backend.external_load + 1 - backend.max_running
+    else:
+        over = backend.queued
     if over <= 0:
         return prefill
     if backend.tpot_s and backend.in_flight:

@@ -76,6 +76,9 @@ class BackendState(NamedTuple):
     """Output tokens still to come for the requests the gateway has in flight here (by their max_tokens)."""
     prefill_overhead_s: float = 0.0
     """Measured fixed time to a first token on top of the prefill itself (scheduling, a pass's floor, network)."""
+    external_load: int = 0
+    """Requests the replica reported (running and queued) at its last scrape beyond those the gateway had in
+    flight there then: other clients' load, which the gateway's own count cannot see."""
 
     @property
     def load(self) -> int:

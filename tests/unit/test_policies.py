@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from policies.prediction import predicted_ttft
 from policies.registry import POLICY_NAMES, build_policy
 from policies.types import BackendState, NoCandidate, RouteRequest, Snapshot
 
@@ -83,6 +84,7 @@ def test_registry_snapshot_maps_every_field() -> None:
     )
     backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
     backend.outstanding_tokens = 17
+    backend.external_load = 5
     backend.prefill.overhead_s = 0.006
     state = backend.state(now=0.0, prefix_tokens=13)
     assert state._asdict() == {
@@ -108,6 +110,7 @@ def test_registry_snapshot_maps_every_field() -> None:
         "usd_per_mtok_out": 0.2,
         "outstanding_tokens": 17,
         "prefill_overhead_s": 0.006,
+        "external_load": 5,
     }
 
 
@@ -170,6 +173,26 @@ def test_cache_aware_spreads_a_hot_prefix_when_its_replica_has_no_free_slot() ->
     )  # fmt: skip
     idle = BackendState("cold", "replica", prefill_tokens_per_s=20000.0, max_running=4)
     assert build_policy("cache_aware").decide(prompt(), Snapshot((busy, idle))).backend == "cold"
+
+
+def test_cache_aware_is_not_moved_by_a_stale_scraped_queue() -> None:
+    """The last scrape caught our own request queued there; it has been answered since (nothing in flight):
+    the warm replica has a free slot, whatever the scrape said."""
+    warm = BackendState(
+        "warm", "replica", queued=1, prefix_tokens=2048, prefill_tokens_per_s=1e6, max_running=2,
+        mean_service_s=0.15,
+    )  # fmt: skip
+    cold = BackendState("cold", "replica", prefill_tokens_per_s=1e6, max_running=2)
+    decision = build_policy("cache_aware").decide(prompt(), Snapshot((warm, cold)))
+    assert (decision.backend, decision.reason) == ("warm", "prefix_hit")
+
+
+def test_other_clients_load_counts_toward_the_slot_wait() -> None:
+    """Requests the scrape showed beyond ours are another client's: they hold slots our count cannot see."""
+    alone = BackendState("r", "replica", in_flight=1, max_running=2, mean_service_s=0.2)
+    shared = alone._replace(external_load=2)
+    assert predicted_ttft(prompt(), alone) == predicted_ttft(prompt(), alone._replace(queued=3))
+    assert predicted_ttft(prompt(), shared) == pytest.approx(predicted_ttft(prompt(), alone) + 2 * 0.2 / 2)
 
 
 def test_cache_aware_settles_new_prefixes_where_fewer_requests_will_come_back() -> None:
