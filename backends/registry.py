@@ -220,9 +220,10 @@ class BackendRegistry:
                 backend.external_load = max(0, load.running + load.queued - backend.in_flight)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
+                backend.max_total_tokens = 0  # read again: a new process may have another capacity
                 if self._events is not None:
                     self._events.restarted(backend.name)
-            if restarted or backend.max_total_tokens == 0:
+            if backend.max_total_tokens == 0:
                 await self._read_server_info(backend)
         except (httpx.HTTPError, ValueError) as exc:
             backend.consecutive_failures += 1

@@ -24,17 +24,16 @@ class HealthyFilter:
 
 @dataclass(frozen=True, slots=True)
 class LeastLoadScorer:
-    """Prefers the backend with the fewest requests in flight or queued, relative to the busiest one.
+    """Prefers the backend with the fewest requests, relative to the busiest one: ours in flight there, plus
+    other clients' as last scraped (:attr:`~policies.types.BackendState.load`).
 
     In ``cache_aware`` it weighs in where a new prefix settles: the requests a replica holds now are the
     conversations and prompt groups that will come back to it, which its pending prefill alone does not show.
     """
 
     def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
-        # BackendState.load, inlined (and max() too): this runs per candidate per request.
-        loads = [
-            b.in_flight if b.in_flight >= b.running + b.queued else b.running + b.queued for b in candidates.backends
-        ]
+        # BackendState.load, inlined: this runs per candidate per request.
+        loads = [b.in_flight + b.external_load for b in candidates.backends]
         busiest = max(loads)
         if not busiest:
             return [1.0] * len(loads)

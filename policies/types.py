@@ -82,8 +82,11 @@ class BackendState(NamedTuple):
 
     @property
     def load(self) -> int:
-        """Requests this backend is busy with: the larger of what it reports and what we sent it."""
-        return max(self.in_flight, self.running + self.queued)
+        """Requests this backend is busy with: ours in flight now, plus other clients' as last scraped.
+
+        Not the scraped running and queued counts themselves: they are up to a probe interval old and,
+        where the gateway is the replica's only client, are its own requests, some answered since."""
+        return self.in_flight + self.external_load
 
 
 @dataclass(frozen=True, slots=True)

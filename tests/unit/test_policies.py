@@ -33,11 +33,11 @@ def test_least_load_prefers_the_idlest_and_ranks_the_rest() -> None:
     assert decision.reason == "least_load"
 
 
-def test_least_load_counts_what_the_replica_reports() -> None:
+def test_least_load_counts_other_clients_load_the_replica_reports() -> None:
     state = Snapshot(
         (
-            BackendState("busy", "replica", running=8, queued=4),
-            BackendState("quiet", "replica", running=1),
+            BackendState("busy", "replica", in_flight=1, running=13, queued=4, external_load=12),
+            BackendState("quiet", "replica", in_flight=2, running=9, external_load=1),
         )
     )
     assert build_policy("least_load").decide(request(), state).backend == "quiet"
