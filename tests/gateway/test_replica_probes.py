@@ -107,6 +107,7 @@ async def test_a_restart_between_two_probes_is_seen_in_the_counters(replica: Run
         restarted = start_replica(tmp_path, "--time-scale", "0.02", port=port)
         await registry.poll_once()
         assert events.restarts == ["pool-0"]
+        assert events.capacities == [("pool-0", backend.max_total_tokens)] * 2, "a new process's capacity is read"
         assert backend.healthy
         await registry.poll_once()
         assert events.restarts == ["pool-0"], "one restart, reported once"
