@@ -147,6 +147,7 @@ def _write_client_results(path: Path | None, level: Any, time_scale: float) -> N
                 "prompt_tokens": r.prompt_tokens,
                 "cached_tokens": r.cached_tokens,
                 "error": r.error,
+                "session": r.session,
             }
             out.write(json.dumps(row) + "\n")
 
