@@ -19,7 +19,8 @@ import orjson
 
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
-from gateway.accounting import LedgerEntry, QuotaExceeded, Reservation
+from gateway.accounting import QuotaExceeded, Reservation
+from gateway.bookkeeping import book_ledger, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
@@ -39,7 +40,6 @@ from gateway.exchange import (
     send_json,
 )
 from gateway.hosted_relay import HostedRelay
-from gateway.metrics import ALL_TENANTS
 from gateway.routes import Route
 from gateway.sse import EventRelay
 from gateway.state import GatewayState
@@ -257,51 +257,8 @@ class CompletionsHandler:
             attempt.outcome = "client_disconnected"
         finally:
             watcher.stop()
-            self._record(attempt)
-            self._book_ledger(parsed, attempt, reservation)
-
-    def _book_ledger(self, parsed: ParsedRequest, attempt: Attempt, reservation: Reservation | None) -> None:
-        """Every request that reached a backend is booked, whatever its outcome; one that did not gives its
-        reservation back."""
-        accountant = self._state.accountant
-        backend = attempt.served_by
-        if backend is None or attempt.tenant is None:
-            if reservation is not None:
-                accountant.release_soon(reservation)
-            return
-        usage = attempt.usage or {}
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        prompt_used = prompt if isinstance(prompt, int) else parsed.prompt_tokens
-        cost = attempt.cost_usd if attempt.cost_usd is not None else self._unknown_cost(attempt, prompt_used)
-        entry = LedgerEntry(
-            request_id=attempt.request_id,
-            time=time.time(),
-            tenant=attempt.tenant.name,
-            route=attempt.route,
-            backend=attempt.backend,
-            kind=backend.kind,
-            prompt_tokens=prompt_used,
-            cached_tokens=_cached(usage),
-            completion_tokens=completion if isinstance(completion, int) else 0,
-            cost_usd=cost,
-            hosted_equivalent_usd=attempt.hosted_equivalent_usd if attempt.hosted_equivalent_usd is not None else cost,
-            outcome=attempt.outcome,
-        )
-        if reservation is not None:
-            accountant.settle_soon(reservation, entry)
-        else:
-            accountant.record_soon(entry)
-
-    @staticmethod
-    def _unknown_cost(attempt: Attempt, prompt_tokens: int) -> float:
-        """A request cut off before its usage was reported: once tokens flowed, assume the worst case; a
-        hosted provider that got the request bills its prompt even if nothing came back."""
-        if attempt.first_token_at:
-            return attempt.worst_case_usd
-        backend = attempt.served_by
-        if backend is not None and backend.kind == "hosted" and attempt.outcome == "client_disconnected":
-            return prompt_tokens * backend.usd_per_mtok_in / 1e6
-        return 0.0
+            record_outcome(self._state.metrics, attempt, tenant_labels=self._state.config.metrics.tenant_labels)
+            book_ledger(self._state.accountant, parsed, attempt, reservation)
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
         """Send to the first choice; if it fails before the client saw a byte, to the next one."""
@@ -516,73 +473,6 @@ class CompletionsHandler:
             self._state.metrics.tpot.labels(attempt.backend).observe(tpot)
         backend.observe_latency(attempt.first_token_at - attempt.sent_at if attempt.first_token_at else None, tpot)
 
-    def _count_prompt_tokens(self, attempt: Attempt) -> None:
-        usage = attempt.usage or {}
-        prompt = usage.get("prompt_tokens")
-        if not isinstance(prompt, int):
-            return
-        counter = self._state.metrics.prompt_tokens
-        counter.labels(attempt.backend, "prompt").inc(prompt)
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int):
-            counter.labels(attempt.backend, "cached").inc(cached)
-        if attempt.fingerprint is not None:
-            counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
-
-    def _count_spend(self, attempt: Attempt) -> None:
-        """Price the request (hosted at the provider's prices, replicas as GPU time) and count it."""
-        usage = attempt.usage or {}
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        backend = attempt.served_by
-        if not isinstance(prompt, int) or not isinstance(completion, int) or backend is None:
-            return
-        if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
-            attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
-        # The baseline for savings: the route's hosted model; a route without one saves nothing and loses
-        # nothing, so its baseline is what it cost. Ledger and metrics then agree on savings everywhere.
-        reference = attempt.reference_price
-        if reference is not None:
-            attempt.hosted_equivalent_usd = reference.cost(prompt, completion, _cached(usage))
-        else:
-            attempt.hosted_equivalent_usd = attempt.cost_usd
-        metrics = self._state.metrics
-        tenant = self._tenant_label(attempt)
-        metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(attempt.cost_usd)
-        metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
-
-    def _tenant_label(self, attempt: Attempt) -> str:
-        if attempt.tenant is None or not self._state.config.metrics.tenant_labels:
-            return ALL_TENANTS
-        return attempt.tenant.name
-
-    def _count_slo(self, attempt: Attempt, tpot_s: float | None) -> None:
-        """Whether the request met its tenant's SLO: the numerator of goodput."""
-        tenant = attempt.tenant
-        if tenant is None or not attempt.first_token_at:
-            return
-        if attempt.first_token_at - attempt.started > tenant.ttft_slo_s:
-            result = "ttft_missed"
-        elif tpot_s is not None and tpot_s > tenant.tpot_slo_s:
-            result = "tpot_missed"
-        else:
-            result = "met"
-        self._state.metrics.slo.labels(tenant.slo_class, result).inc()
-
-    def _record(self, attempt: Attempt) -> None:
-        metrics = self._state.metrics
-        metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
-        if attempt.outcome == "ok":
-            e2e = time.perf_counter() - attempt.started
-            metrics.e2e.labels(attempt.backend).observe(e2e)
-            if attempt.served_by is not None:
-                attempt.served_by.observe_service_time(e2e)
-            self._count_prompt_tokens(attempt)
-            self._count_spend(attempt)
-            if attempt.first_token_at:
-                metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
-            self._count_slo(attempt, attempt.tpot_s)
-
 
 def _longest_wait(attempt: Attempt) -> float:
     if attempt.tenant is None:
@@ -623,12 +513,6 @@ def _usage_of(body: bytes) -> dict[str, Any] | None:
         return None
     usage = parsed.get("usage") if isinstance(parsed, dict) else None
     return usage if isinstance(usage, dict) else None
-
-
-def _cached(usage: dict[str, Any]) -> int:
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) else 0
 
 
 def _is_openai_error(body: bytes) -> bool:

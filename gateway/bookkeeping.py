@@ -1,0 +1,134 @@
+"""What a finished request leaves behind: its metrics, its price, and its ledger entry.
+
+Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`record_outcome` and then
+:func:`book_ledger` once per request, whatever its outcome: the price the first sets is what the second books.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.accounting import Accountant, LedgerEntry, Reservation
+from gateway.exchange import Attempt
+from gateway.metrics import ALL_TENANTS, GatewayMetrics
+from gateway.validation import ParsedRequest
+
+
+def record_outcome(metrics: GatewayMetrics, attempt: Attempt, *, tenant_labels: bool) -> None:
+    """Count the request, and for a served one its latencies, tokens, spend and SLO result.
+
+    ``tenant_labels`` (the config's ``metrics.tenant_labels``): label spend by tenant rather than one total."""
+    metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
+    if attempt.outcome != "ok":
+        return
+    e2e = time.perf_counter() - attempt.started
+    metrics.e2e.labels(attempt.backend).observe(e2e)
+    if attempt.served_by is not None:
+        attempt.served_by.observe_service_time(e2e)
+    _count_prompt_tokens(metrics, attempt)
+    _count_spend(metrics, attempt, attempt.tenant.name if attempt.tenant and tenant_labels else ALL_TENANTS)
+    if attempt.first_token_at:
+        metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
+    _count_slo(metrics, attempt)
+
+
+def book_ledger(
+    accountant: Accountant, parsed: ParsedRequest, attempt: Attempt, reservation: Reservation | None
+) -> None:
+    """Every request that reached a backend is booked, whatever its outcome; one that did not gives its
+    reservation back."""
+    backend = attempt.served_by
+    if backend is None or attempt.tenant is None:
+        if reservation is not None:
+            accountant.release_soon(reservation)
+        return
+    usage = attempt.usage or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    prompt_used = prompt if isinstance(prompt, int) else parsed.prompt_tokens
+    cost = attempt.cost_usd if attempt.cost_usd is not None else _unknown_cost(attempt, prompt_used)
+    entry = LedgerEntry(
+        request_id=attempt.request_id,
+        time=time.time(),
+        tenant=attempt.tenant.name,
+        route=attempt.route,
+        backend=attempt.backend,
+        kind=backend.kind,
+        prompt_tokens=prompt_used,
+        cached_tokens=cached_tokens(usage),
+        completion_tokens=completion if isinstance(completion, int) else 0,
+        cost_usd=cost,
+        hosted_equivalent_usd=attempt.hosted_equivalent_usd if attempt.hosted_equivalent_usd is not None else cost,
+        outcome=attempt.outcome,
+    )
+    if reservation is not None:
+        accountant.settle_soon(reservation, entry)
+    else:
+        accountant.record_soon(entry)
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """``usage.prompt_tokens_details.cached_tokens``, 0 where the backend does not report it."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) else 0
+
+
+def _unknown_cost(attempt: Attempt, prompt_tokens: int) -> float:
+    """A request cut off before its usage was reported: once tokens flowed, assume the worst case; a
+    hosted provider that got the request bills its prompt even if nothing came back."""
+    if attempt.first_token_at:
+        return attempt.worst_case_usd
+    backend = attempt.served_by
+    if backend is not None and backend.kind == "hosted" and attempt.outcome == "client_disconnected":
+        return prompt_tokens * backend.usd_per_mtok_in / 1e6
+    return 0.0
+
+
+def _count_prompt_tokens(metrics: GatewayMetrics, attempt: Attempt) -> None:
+    usage = attempt.usage or {}
+    prompt = usage.get("prompt_tokens")
+    if not isinstance(prompt, int):
+        return
+    counter = metrics.prompt_tokens
+    counter.labels(attempt.backend, "prompt").inc(prompt)
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int):
+        counter.labels(attempt.backend, "cached").inc(cached)
+    if attempt.fingerprint is not None:
+        counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
+
+
+def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str) -> None:
+    """Price the request (hosted at the provider's prices, replicas as GPU time) and count it."""
+    usage = attempt.usage or {}
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    backend = attempt.served_by
+    if not isinstance(prompt, int) or not isinstance(completion, int) or backend is None:
+        return
+    if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
+        attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
+    # The baseline for savings: the route's hosted model; a route without one saves nothing and loses
+    # nothing, so its baseline is what it cost. Ledger and metrics then agree on savings everywhere.
+    reference = attempt.reference_price
+    if reference is not None:
+        attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached_tokens(usage))
+    else:
+        attempt.hosted_equivalent_usd = attempt.cost_usd
+    metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(attempt.cost_usd)
+    metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
+
+
+def _count_slo(metrics: GatewayMetrics, attempt: Attempt) -> None:
+    """Whether the request met its tenant's SLO: the numerator of goodput."""
+    tenant = attempt.tenant
+    if tenant is None or not attempt.first_token_at:
+        return
+    if attempt.first_token_at - attempt.started > tenant.ttft_slo_s:
+        result = "ttft_missed"
+    elif attempt.tpot_s is not None and attempt.tpot_s > tenant.tpot_slo_s:
+        result = "tpot_missed"
+    else:
+        result = "met"
+    metrics.slo.labels(tenant.slo_class, result).inc()
