@@ -47,8 +47,22 @@ def sticky_ttfts(requests: Sequence[IdealRequest], replicas: int, preset: Preset
     return _placed_ttfts(requests, replicas, preset, keep_sessions_home=True)
 
 
+def replayed_ttfts(
+    requests: Sequence[IdealRequest], replicas: int, preset: Preset, first_replicas: Sequence[int]
+) -> list[float]:
+    """:func:`sticky_ttfts` with each session's first turn (and each independent request) on the replica a
+    run sent it to, ``first_replicas[i]`` for ``requests[i]``: how much of that run's tail its own placement
+    of new conversations set, in the same timing model as the greedy reference."""
+    return _placed_ttfts(requests, replicas, preset, keep_sessions_home=True, chosen=first_replicas)
+
+
 def _placed_ttfts(
-    requests: Sequence[IdealRequest], replicas: int, preset: Preset, *, keep_sessions_home: bool
+    requests: Sequence[IdealRequest],
+    replicas: int,
+    preset: Preset,
+    *,
+    keep_sessions_home: bool,
+    chosen: Sequence[int] | None = None,
 ) -> list[float]:
     free_at = [0.0] * replicas
     home: dict[int, int] = {}
@@ -57,7 +71,8 @@ def _placed_ttfts(
         request = requests[index]
         replica = home.get(request.session) if keep_sessions_home and request.session is not None else None
         if replica is None:
-            replica = min(range(replicas), key=free_at.__getitem__)  # the first to free
+            # Where the run put it, or the first replica to free.
+            replica = chosen[index] if chosen is not None else min(range(replicas), key=free_at.__getitem__)
             if keep_sessions_home and request.session is not None:
                 home[request.session] = replica
         start = max(request.arrival_s, free_at[replica])

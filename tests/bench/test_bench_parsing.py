@@ -14,7 +14,7 @@ from gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import PRESET, ReplicaCounters
 from tests.bench.compare_routers import Replay, Run, by_session, ideal_ttft_p99_ms, targets
 from tests.bench.compare_table import RunFigures, figures
-from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, sticky_ttfts
+from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, replayed_ttfts, sticky_ttfts
 from tests.bench.loadgen import percentile_ms
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
@@ -216,3 +216,21 @@ def test_sticky_placement_keeps_a_conversation_on_its_first_replica() -> None:
     assert moved[3] == pytest.approx(cold + turn - cold / 2), "without the rule the turn takes the first free"
     independent = [IdealRequest(r.arrival_s, r.prompt_tokens, r.cached_tokens) for r in requests]
     assert sticky_ttfts(independent, 2, preset) == pytest.approx(moved), "no sessions: the ideal placement"
+
+
+def test_replayed_placement_keeps_the_runs_own_choice_of_replica() -> None:
+    """A run that put two new conversations on one replica: the second queues there, although the other is
+    free, and its later turn follows it; the reference would have used the free replica."""
+    preset = get_preset(PRESET)
+    cold = timing.prefill_compute_seconds(preset, 2000, 0)
+    turn = timing.prefill_compute_seconds(preset, 1000, 1000)
+    requests = [
+        IdealRequest(0.0, 2000, 0, session=1),
+        IdealRequest(0.0, 2000, 0, session=2),
+        IdealRequest(3 * cold, 2000, 1000, session=2),
+    ]
+    chosen = [0, 0, 1]  # the third is a later turn: it goes home to replica 0 whatever the run's row says
+    assert replayed_ttfts(requests, 2, preset, chosen) == pytest.approx([cold, 2 * cold, turn])
+    assert sticky_ttfts(requests, 2, preset) == pytest.approx([cold, cold, turn])
+    crowded = [IdealRequest(0.0, 2000, 0, session=1), IdealRequest(cold / 2, 2000, 1000, session=1)]
+    assert replayed_ttfts(crowded, 2, preset, [1, 0]) == pytest.approx([cold, cold / 2 + turn])
