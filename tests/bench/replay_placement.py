@@ -7,7 +7,9 @@
 the client's TTFT p99, the same requests in the reference's timing model (:mod:`tests.bench.ideal_placement`:
 one prefill per pass, no decode) with each conversation on the replica the run put it on, and with each
 conversation on the replica that model frees first. If the first two rank runs alike, the model sees what
-set the runs' tails; the third is an oracle of that model's queues, which no gateway has.
+set the runs' tails. The third is not a fair comparison: a chat run's arrival times depend on its own
+placement (a session is ready again only once its turn is answered, so sessions answered together on one
+replica return together), and any other placement of the same arrivals spreads the bursts the run had.
 
 Each request keeps the cached tokens the run's replicas reported, so compare runs at their best achievable
 hit rate (spillgate's chat runs are).
