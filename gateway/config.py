@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from policies.engine import with_weights
+from policies.engine import Policy, with_weights
+from policies.plugins import PrefixAffinityScorer
 from policies.registry import build_policy
 
 DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
@@ -146,6 +147,22 @@ class SpillConfig(Strict):
     hysteresis: float = Field(default=0.8, gt=0, le=1, description="replicas must beat this x SLO to win back")
 
 
+class AffinityConfig(Strict):
+    """``cache_aware``'s affinity guard: when a request may leave the replicas holding its prefix. Unset fields
+    keep the policy's defaults (README, Routing policies)."""
+
+    min_share: float | None = Field(
+        default=None, ge=0, le=1, description="a cached prefix under this share of the prompt binds nothing"
+    )
+    max_slowdown: float | None = Field(
+        default=None, ge=1, le=1000, description="move when the warm replicas are predicted this many times slower"
+    )
+
+    def scorer(self) -> PrefixAffinityScorer:
+        settings = {"min_share": self.min_share, "max_slowdown": self.max_slowdown}
+        return PrefixAffinityScorer(**{name: value for name, value in settings.items() if value is not None})
+
+
 class RouteConfig(Strict):
     """What a client names in ``model``: the pools and hosted models that may serve it."""
 
@@ -156,7 +173,14 @@ class RouteConfig(Strict):
     """How replicas are ranked; with hosted targets too, the cheapest candidate meeting the SLO wins."""
     weights: dict[str, Annotated[float, Field(ge=0, le=1000)]] = Field(default_factory=dict)
     """Scorer weights overriding the policy's defaults, by scorer name (``predicted_ttft``, ``prefix_hit``...)."""
+    affinity: AffinityConfig | None = None
+    """``cache_aware`` only: its affinity guard's settings."""
     spill: SpillConfig = SpillConfig()
+
+    def replica_policy(self) -> Policy:
+        """The policy that ranks this route's replicas, with the route's weights and affinity settings."""
+        affinity = self.affinity.scorer() if self.affinity is not None else None
+        return with_weights(build_policy(self.policy, affinity), self.weights)
 
 
 class SloConfig(Strict):
@@ -275,9 +299,11 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     known = set(targets)
     for i, route in enumerate(config.routes):
         try:
-            with_weights(build_policy(route.policy), route.weights)
+            route.replica_policy()
         except KeyError as exc:
             problems.append((f"routes.{i}.weights", str(exc.args[0])))
+        if route.affinity is not None and route.policy != "cache_aware":
+            problems.append((f"routes.{i}.affinity", f"only cache_aware has an affinity guard, not {route.policy}"))
         for j, target in enumerate(route.targets):
             if target not in known:
                 problems.append((f"routes.{i}.targets.{j}", f"unknown target {target!r}; known: {sorted(known)}"))

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from backends.hosted import HostedModel, Price
 from gateway.config import GatewayConfig, RouteConfig, SpillConfig
-from policies.engine import Policy, with_weights
-from policies.registry import build_policy
+from policies.engine import Policy
 from policies.spill import HybridPolicy
 from policies.types import Decision
 
@@ -80,7 +79,7 @@ def _dedicated_targets(
 
 
 def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Policy | HybridPolicy:
-    replicas = with_weights(build_policy(route.policy), route.weights)
+    replicas = route.replica_policy()
     if not any(target in hosted_names for target in route.targets):
         return replicas
     return HybridPolicy(route.policy, replicas, on_slo_miss=route.spill.on_slo_miss, hysteresis=route.spill.hysteresis)

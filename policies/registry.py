@@ -19,8 +19,11 @@ from policies.plugins import (
 POLICY_NAMES = ("round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware")
 
 
-def build_policy(name: str) -> Policy:
-    """Assemble the named policy from plug-ins; raise ``KeyError`` for an unknown name."""
+def build_policy(name: str, affinity: PrefixAffinityScorer | None = None) -> Policy:
+    """Assemble the named policy from plug-ins; raise ``KeyError`` for an unknown name.
+
+    ``affinity``: ``cache_aware``'s affinity guard with other settings than its defaults (ignored by the
+    policies without one)."""
     healthy = (HealthyFilter(),)
     if name == "round_robin":
         return Policy(name, healthy, (), RotatingPicker(), FixedReason(name))
@@ -33,7 +36,7 @@ def build_policy(name: str) -> Policy:
     if name == "cache_aware":
         # Affinity outweighs the others together (2.01): a guard inside it, not a trade-off, decides moves.
         scorers = (
-            WeightedScorer(PrefixAffinityScorer(), 4.0),
+            WeightedScorer(affinity or PrefixAffinityScorer(), 4.0),
             WeightedScorer(PredictedTTFTScorer(), 1.0),
             WeightedScorer(LeastLoadScorer(), 1.0),
             WeightedScorer(PrefixHitScorer(), 0.01),

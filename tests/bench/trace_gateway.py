@@ -60,7 +60,7 @@ def install(path: str) -> None:
     import policies.registry
 
     build = policies.registry.build_policy
-    policies.registry.build_policy = lambda name: TracedPolicy(build(name))
+    policies.registry.build_policy = lambda name, affinity=None: TracedPolicy(build(name, affinity))
     reweigh = policies.engine.with_weights
     # A route's ``weights`` apply to the policy inside the tracer.
     policies.engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))

@@ -124,3 +124,20 @@ def test_route_weights_are_checked_against_the_policys_scorers() -> None:
         parse_config({**MINIMAL, "routes": [{**route, "weights": {"telepathy": 1.0}}]})
     path, message = info.value.problems[0]
     assert path == "routes.0.weights" and "telepathy" in message and "prefix_hit" in message
+
+
+def test_route_affinity_settings_reach_the_cache_aware_guard() -> None:
+    from gateway.routes import build_routes
+    from policies.plugins import PrefixAffinityScorer
+
+    route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "affinity": {"max_slowdown": 2}}
+    config = parse_config({**MINIMAL, "routes": [route]})
+    policy = build_routes(config, {"p": ["p-0"]}, {})["r"].policy
+    guard = policy.scorers[0].scorer  # type: ignore[union-attr]
+    assert guard == PrefixAffinityScorer(max_slowdown=2.0), "unset settings keep the policy's defaults"
+    with pytest.raises(ConfigError) as info:
+        parse_config({**MINIMAL, "routes": [{**route, "policy": "least_load"}]})
+    assert info.value.problems == [("routes.0.affinity", "only cache_aware has an affinity guard, not least_load")]
+    with pytest.raises(ConfigError) as info:
+        parse_config({**MINIMAL, "routes": [{**route, "affinity": {"max_slowdown": 0.5}}]})
+    assert info.value.problems[0][0] == "routes.0.affinity.max_slowdown"

@@ -199,3 +199,14 @@ def test_cache_aware_settles_new_prefixes_where_fewer_requests_will_come_back() 
     """Equal prefill queues: the replica holding fewer requests (conversations that return) gets the new one."""
     snap = Snapshot((replica("crowded", pending=2000, in_flight=30), replica("quiet", pending=2000, in_flight=10)))
     assert build_policy("cache_aware").decide(prompt(), snap).backend == "quiet"
+
+
+def test_the_affinity_guard_moves_sooner_when_configured_to() -> None:
+    """The warm replica is predicted ~2.8x slower than a cold one: kept at the default (8x), moved at 2x."""
+    from policies.plugins import PrefixAffinityScorer
+
+    snap = Snapshot((replica("warm", pending=6000, prefix=2048), replica("cold")))
+    assert build_policy("cache_aware").decide(prompt(), snap).backend == "warm"
+    eager = build_policy("cache_aware", PrefixAffinityScorer(max_slowdown=2.0))
+    assert eager.decide(prompt(), snap).backend == "cold"
+    assert build_policy("cache_aware", PrefixAffinityScorer(min_share=0.95)).decide(prompt(), snap).backend == "cold"
