@@ -7,7 +7,7 @@ import math
 import pytest
 
 from backends.sim import timing
-from backends.sim.presets import get_preset
+from backends.sim.presets import Preset, get_preset
 from gateway.bench.api import LevelResult
 from gateway.bench.client import RequestResult
 from gateway.bench.stats import Slo, summarize
@@ -200,11 +200,15 @@ def test_ttft_verdict_names_the_ideal_placement() -> None:
     assert f"the same requests: 120 ms, {sticky}" in line
 
 
+def _cold_prompt_and_turn() -> tuple[Preset, float, float]:
+    """The preset, and its prefill seconds for a cold 2k-token prompt and for a turn with 1k of 2k cached."""
+    preset = get_preset(PRESET)
+    return preset, timing.prefill_compute_seconds(preset, 2000, 0), timing.prefill_compute_seconds(preset, 1000, 1000)
+
+
 def test_sticky_placement_keeps_a_conversation_on_its_first_replica() -> None:
     """Two replicas: session 1's second turn waits behind session 1's replica although the other one is free."""
-    preset = get_preset(PRESET)
-    cold = timing.prefill_compute_seconds(preset, 2000, 0)
-    turn = timing.prefill_compute_seconds(preset, 1000, 1000)
+    preset, cold, turn = _cold_prompt_and_turn()
     requests = [
         IdealRequest(0.0, 2000, 0, session=1),
         IdealRequest(0.0, 2000, 0, session=2),
@@ -221,9 +225,7 @@ def test_sticky_placement_keeps_a_conversation_on_its_first_replica() -> None:
 def test_replayed_placement_keeps_the_runs_own_choice_of_replica() -> None:
     """A run that put two new conversations on one replica: the second queues there, although the other is
     free, and its later turn follows it; the reference would have used the free replica."""
-    preset = get_preset(PRESET)
-    cold = timing.prefill_compute_seconds(preset, 2000, 0)
-    turn = timing.prefill_compute_seconds(preset, 1000, 1000)
+    preset, cold, turn = _cold_prompt_and_turn()
     requests = [
         IdealRequest(0.0, 2000, 0, session=1),
         IdealRequest(0.0, 2000, 0, session=2),
