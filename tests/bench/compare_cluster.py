@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,9 +247,11 @@ class Relay:
     config: dict[str, Any] | None = None
 
 
-def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: float) -> dict[str, Any]:
-    """One pool over the replicas, one route with ``policy``, one tenant (its key stored as a digest, its SLO
-    the bench's).
+def gateway_config(
+    urls: Sequence[str], policy: str, port: int, time_scale: float, route: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One pool over the replicas, one route with ``policy`` (and the settings in ``route``, such as its
+    ``weights`` or ``affinity``), one tenant (its key stored as a digest, its SLO the bench's).
 
     ``prefill_tokens_per_s`` is per wall second, which the gateway measures in: the replicas run
     ``1 / time_scale`` times real speed.
@@ -265,7 +267,7 @@ def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: floa
                 "prefill_tokens_per_s": SIM_PREFILL_TOKENS_PER_S / time_scale,
             }
         ],
-        "routes": [{"name": ROUTE, "targets": ["sims"], "policy": policy}],
+        "routes": [{"name": ROUTE, "targets": ["sims"], "policy": policy, **(route or {})}],
         "tenants": [
             {
                 "name": "bench",
@@ -276,10 +278,13 @@ def gateway_config(urls: Sequence[str], policy: str, port: int, time_scale: floa
     }
 
 
-def start_spillgate(cluster: Cluster, policy: str, trace: Path | None = None) -> Relay:
-    """The gateway over the cluster; with ``trace``, one JSON line per request there (``trace_gateway``)."""
+def start_spillgate(
+    cluster: Cluster, policy: str, trace: Path | None = None, route: Mapping[str, Any] | None = None
+) -> Relay:
+    """The gateway over the cluster; with ``trace``, one JSON line per request there (``trace_gateway``);
+    ``route``: more settings for its route (see :func:`gateway_config`)."""
     port = free_port()
-    config = gateway_config(cluster.urls, policy, port, cluster.time_scale)
+    config = gateway_config(cluster.urls, policy, port, cluster.time_scale, route)
     path = cluster.log_dir / f"spillgate-{policy}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     entry = ["gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
 from backends.sim.presets import get_preset
 from gateway.bench.api import LevelResult, after_warmup, run_bench
 from gateway.bench.config import SESSION_ORDERS, BenchConfig
@@ -94,6 +96,8 @@ class Settings:
     """Runs per row and workload, seeds 0..repeat-1, pooled: a p99 over ~300 requests is the 3rd slowest one."""
     warmup_s: float = 0.0
     """Simulated seconds of arrivals sent before ``duration_s``, not counted in latencies and goodput."""
+    route: dict[str, Any] = field(default_factory=dict)
+    """More settings for spillgate's route (``--route``): ``weights``, ``affinity``."""
 
     def sent_s(self) -> float:
         """Simulated seconds of arrivals per run, warm-up included."""
@@ -118,7 +122,7 @@ def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str, 
     if router == "sglang-router":
         assert settings.router_python is not None
         return start_router(settings.router_python, cluster, policy)
-    return start_spillgate(cluster, policy, trace)
+    return start_spillgate(cluster, policy, trace, settings.route)
 
 
 def _trace_path(
@@ -631,7 +635,21 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
         router_note=note,
         work_dir=work_dir,
         trace_dir=Path(args.trace_dir) if args.trace_dir else None,
+        route=_route_settings(args.route),
     )
+
+
+def _route_settings(text: str | None) -> dict[str, Any]:
+    """``--route``: a YAML mapping merged into spillgate's route (the gateway validates what it holds)."""
+    if not text:
+        return {}
+    try:
+        settings = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--route is not YAML: {exc}") from exc
+    if not isinstance(settings, dict):
+        raise ValueError(f"--route must be a mapping, such as '{{affinity: {{max_slowdown: 4}}}}', got {text!r}")
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -779,6 +797,11 @@ def main(argv: list[str] | None = None) -> int:
         "--trace-dir",
         metavar="DIR",
         help="keep per-request data in DIR: the client's view of every run, spillgate's decisions (trace_gateway)",
+    )
+    parser.add_argument(
+        "--route",
+        metavar="YAML",
+        help="more settings for spillgate's route, e.g. '{affinity: {max_slowdown: 4}, weights: {prefix_hit: 0.05}}'",
     )
     parser.add_argument(
         "--find-rate", action="store_true", help="sweep rates through the cache-aware reference and suggest one"
