@@ -11,8 +11,8 @@ from backends.sim.presets import Preset, get_preset
 from gateway.bench.api import LevelResult
 from gateway.bench.client import RequestResult
 from gateway.bench.stats import Slo, summarize
-from tests.bench.compare_cluster import PRESET, ReplicaCounters
-from tests.bench.compare_routers import Replay, Run, by_session, ideal_ttft_p99_ms, targets
+from tests.bench.compare_cluster import PRESET, ReplicaCounters, gateway_config
+from tests.bench.compare_routers import Replay, Run, _route_settings, by_session, ideal_ttft_p99_ms, targets
 from tests.bench.compare_table import RunFigures, figures
 from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, replayed_ttfts, sticky_ttfts
 from tests.bench.loadgen import percentile_ms
@@ -236,3 +236,16 @@ def test_replayed_placement_keeps_the_runs_own_choice_of_replica() -> None:
     assert sticky_ttfts(requests, 2, preset) == pytest.approx([cold, cold, turn])
     crowded = [IdealRequest(0.0, 2000, 0, session=1), IdealRequest(cold / 2, 2000, 1000, session=1)]
     assert replayed_ttfts(crowded, 2, preset, [1, 0]) == pytest.approx([cold, cold / 2 + turn])
+
+
+def test_route_settings_from_the_command_line_reach_spillgates_route() -> None:
+    route = _route_settings("{affinity: {max_slowdown: 2}, weights: {prefix_hit: 0.05}}")
+    config = gateway_config(["http://127.0.0.1:1"], "cache_aware", 8080, 6.0, route)
+    (only,) = config["routes"]
+    assert only["policy"] == "cache_aware" and only["affinity"] == {"max_slowdown": 2}
+    assert only["weights"] == {"prefix_hit": 0.05}
+    assert _route_settings(None) == {}
+    with pytest.raises(ValueError, match="must be a mapping"):
+        _route_settings("[1, 2]")
+    with pytest.raises(ValueError, match="not YAML"):
+        _route_settings("{affinity: [")
