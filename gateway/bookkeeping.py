@@ -67,11 +67,17 @@ def book_ledger(
         accountant.record_soon(entry)
 
 
-def cached_tokens(usage: dict[str, Any]) -> int:
-    """``usage.prompt_tokens_details.cached_tokens``, 0 where the backend does not report it."""
+def reported_cached_tokens(usage: dict[str, Any]) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``; ``None`` where the backend does not report it (SGLang
+    without ``--enable-cache-report``)."""
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) else 0
+    return cached if isinstance(cached, int) else None
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """:func:`reported_cached_tokens`, 0 where not reported."""
+    return reported_cached_tokens(usage) or 0
 
 
 def _unknown_cost(attempt: Attempt, prompt_tokens: int) -> float:
@@ -92,9 +98,8 @@ def _count_prompt_tokens(metrics: GatewayMetrics, attempt: Attempt) -> None:
         return
     counter = metrics.prompt_tokens
     counter.labels(attempt.backend, "prompt").inc(prompt)
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if isinstance(cached, int):
+    cached = reported_cached_tokens(usage)
+    if cached is not None:
         counter.labels(attempt.backend, "cached").inc(cached)
     if attempt.fingerprint is not None:
         counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))

@@ -20,7 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
-from gateway.bookkeeping import book_ledger, record_outcome
+from gateway.bookkeeping import book_ledger, record_outcome, reported_cached_tokens
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
@@ -499,10 +499,9 @@ def prepare_replica_payload(payload: dict[str, Any], served_model: str, tenant: 
 
 def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
     usage = attempt.usage or {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = reported_cached_tokens(usage)
     prompt = usage.get("prompt_tokens")
-    if isinstance(prompt, int) and isinstance(cached, int) and attempt.prefill_ahead is not None:
+    if isinstance(prompt, int) and cached is not None and attempt.prefill_ahead is not None:
         backend.prefill.observe(attempt.prefill_ahead + prompt - cached, attempt.first_token_at - attempt.sent_at)
 
 
