@@ -158,6 +158,23 @@ def test_valid_edit_routes_the_next_request_then_rolls_back(gateway: tuple[Runni
     assert httpx.post(proc.url + "/admin/config/rollback/99", headers=ADMIN).status_code == 404
 
 
+def test_a_live_edit_tunes_the_affinity_guard_of_a_cache_aware_route(gateway: tuple[RunningProcess, Path]) -> None:
+    proc, _ = gateway
+    config = current(proc)["config"]
+    config["routes"][0]["affinity"] = {"max_slowdown": 3}
+    refused = put(proc, config)  # the route is still least_load, which has no such guard
+    assert refused.status_code == 422
+    assert refused.json()["problems"] == [
+        {"path": "routes.0.affinity", "message": "only cache_aware has an affinity guard, not least_load"}
+    ]
+    config["routes"][0]["policy"] = "cache_aware"
+    accepted = put(proc, config)
+    assert accepted.status_code == 200, accepted.text
+    assert any(line.startswith("routes.0.affinity") for line in accepted.json()["diff"]), accepted.json()["diff"]
+    assert current(proc)["config"]["routes"][0]["affinity"]["max_slowdown"] == 3
+    assert backend_of(proc) == "blue-0", "the edited route still serves"
+
+
 def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
     gateway: tuple[RunningProcess, Path], replicas: list[RunningProcess]
 ) -> None:
