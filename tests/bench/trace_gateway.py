@@ -81,11 +81,11 @@ def install(path: str) -> None:
             _last_decision = None
         return decision
 
-    record = proxy.CompletionsHandler._record
+    record = proxy.record_outcome
 
-    def traced_record(self: Any, attempt: Any) -> None:
+    def traced_record(metrics: Any, attempt: Any, *, tenant_labels: bool) -> None:
         ended = time.perf_counter()
-        record(self, attempt)
+        record(metrics, attempt, tenant_labels=tenant_labels)
         entry = _pending.pop(attempt.request_id, None)
         if entry is None:
             return
@@ -106,7 +106,7 @@ def install(path: str) -> None:
         out.flush()
 
     proxy.CompletionsHandler._decide = traced_decide
-    proxy.CompletionsHandler._record = traced_record
+    proxy.record_outcome = traced_record
 
 
 def main(argv: list[str]) -> int:
