@@ -14,6 +14,20 @@ are all about the same size the slope cannot be told apart from the overhead: th
 overhead alone is refitted (or, if that rate is too slow for what was seen, the plain tokens/TTFT ratio is
 taken), so requests like those are predicted exactly. Until enough samples exist, the configured prior rate
 is used with no overhead.
+
+Under load that line is not enough. The tokens ahead are the gateway's count at the moment it sent the
+request, and part of them is already being computed: an error in the line's x, which flattens the fitted slope
+(on ``chat`` traces, a rate 1.5-2x too fast, with the overhead absorbing the rest). That is harmless for a
+request alone but predicts a queue of ten prompts at half its real wait. So once requests queue, the rate is
+measured directly instead: a request that was already waiting when its replica's previous first token came
+back had that replica busy for it from then until its own first token. The sum of such requests' uncached
+tokens over the sum of those intervals is how fast the replica drains a queue, decode steps and pass floors
+included, which is what a prediction from a queue needs. The overhead is then the mean of what that rate
+leaves unexplained in the TTFTs of requests that found nothing ahead (whose x is exact).
+
+The gateway reports each request at its first token, in its own units (uncached tokens as it estimated them
+when routing): those are the units predictions are made in, and a rate learned a whole reply sooner follows a
+burst while it lasts.
 """
 
 from __future__ import annotations
@@ -26,20 +40,28 @@ _MIN_SPREAD_TOKENS = 256.0
 
 
 class PrefillRateEstimator:
-    __slots__ = ("_samples", "overhead_s", "prior", "rate")
+    __slots__ = ("_alone", "_drains", "_samples", "overhead_s", "prior", "rate")
 
     def __init__(self, prior_tokens_per_s: float) -> None:
         self.prior = prior_tokens_per_s
         self.rate = prior_tokens_per_s
         self.overhead_s = 0.0
         self._samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._alone: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._drains: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
 
-    def observe(self, uncached_tokens: int, ttft_s: float) -> None:
-        """One request: the uncached tokens prefilled up to its first token (those ahead of it and its own), and
-        its TTFT."""
+    def observe(self, ahead_tokens: int, own_tokens: int, ttft_s: float, drain_s: float | None = None) -> None:
+        """One request: the uncached tokens the gateway had in prefill ahead of it when it was sent, its own
+        uncached tokens, and its TTFT from being sent. ``drain_s``: when it was waiting as its replica's previous
+        first token came back, the seconds from then to its own."""
+        if drain_s is not None and own_tokens > 0 and drain_s > 0:
+            self._drains.append((float(own_tokens), drain_s))
+        uncached_tokens = ahead_tokens + own_tokens
         if uncached_tokens <= 0 or ttft_s <= 0:
             return
         self._samples.append((float(uncached_tokens), ttft_s))
+        if ahead_tokens <= 0:
+            self._alone.append((float(own_tokens), ttft_s))
         if len(self._samples) >= _MIN_SAMPLES:
             self._refit()
 
@@ -47,6 +69,12 @@ class PrefillRateEstimator:
         count = len(self._samples)
         mean_x = sum(x for x, _ in self._samples) / count
         mean_y = sum(y for _, y in self._samples) / count
+        if len(self._drains) >= _MIN_SAMPLES:
+            self.rate = sum(tokens for tokens, _ in self._drains) / sum(seconds for _, seconds in self._drains)
+            # Measured on requests that had nothing ahead, whose x is exact; else on all of them.
+            fit = self._alone if len(self._alone) >= _MIN_SAMPLES else self._samples
+            self.overhead_s = max(0.0, sum(y - x / self.rate for x, y in fit) / len(fit))
+            return
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples) / count
         if var_x >= _MIN_SPREAD_TOKENS**2:
             cov = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / count

@@ -57,6 +57,8 @@ class Backend:
     """Recent TTFT (prior from config until measured)."""
     tpot_s: float = 0.0
     outstanding_tokens: int = 0
+    last_first_token_at: float = 0.0
+    """When the latest first token of a streamed request came back from here (``perf_counter``)."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     external_load: int = 0
     """What the last scrape showed beyond the gateway's own in-flight requests (see ``BackendState``)."""

@@ -20,7 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
-from gateway.bookkeeping import book_ledger, record_outcome, reported_cached_tokens
+from gateway.bookkeeping import book_ledger, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
@@ -390,7 +390,9 @@ class CompletionsHandler:
         attempt.sent_at = time.perf_counter()
 
     def _first_token(self, backend: Backend, attempt: Attempt) -> None:
-        attempt.first_token_at = time.perf_counter()
+        now = attempt.first_token_at = time.perf_counter()
+        if attempt.stream and backend.kind == "replica":
+            _learn_prefill_rate(backend, attempt, now)
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
         if attempt.lead is not None:
@@ -406,8 +408,6 @@ class CompletionsHandler:
         if attempt.lead is not None:
             self._state.prefilling.ended(attempt.lead)
             attempt.lead = None
-        if prefilled and attempt.stream and attempt.usage is not None:
-            _learn_prefill_rate(backend, attempt)
         fingerprint = attempt.fingerprint
         if fingerprint is None:
             return
@@ -497,12 +497,19 @@ def prepare_replica_payload(payload: dict[str, Any], served_model: str, tenant: 
         payload["cache_salt"] = salt
 
 
-def _learn_prefill_rate(backend: Backend, attempt: Attempt) -> None:
-    usage = attempt.usage or {}
-    cached = reported_cached_tokens(usage)
-    prompt = usage.get("prompt_tokens")
-    if isinstance(prompt, int) and cached is not None and attempt.prefill_ahead is not None:
-        backend.prefill.observe(attempt.prefill_ahead + prompt - cached, attempt.first_token_at - attempt.sent_at)
+def _learn_prefill_rate(backend: Backend, attempt: Attempt, now: float) -> None:
+    """Teach the replica's prefill estimate (:mod:`backends.prefill_rate`) what this first token took.
+
+    In the gateway's own units, at the first token rather than from the usage at the end: predictions count
+    pending and uncached tokens as the gateway estimates them, and a rate learned a whole reply sooner follows
+    a burst while it lasts."""
+    previous = backend.last_first_token_at
+    backend.last_first_token_at = now
+    if attempt.prefill_ahead is None:
+        return  # sent while every running slot was taken: its wait included other requests' decoding
+    # Waiting since before the previous first token: the replica worked on this one from then to now.
+    drain_s = now - previous if attempt.started < previous else None
+    backend.prefill.observe(attempt.prefill_ahead, attempt.pending_prefill, now - attempt.sent_at, drain_s)
 
 
 def _usage_of(body: bytes) -> dict[str, Any] | None:
