@@ -1,4 +1,5 @@
-"""``tests.bench.trace_gateway``: the decision trace that chat-tail studies read keeps working as the proxy changes.
+"""``tests.bench.trace_gateway``: the decision trace that tail and prediction studies read keeps working as the
+proxy changes.
 
 Its hooks wrap gateway internals by name, so a refactor of the hot path can silently break them; this runs the
 traced gateway over one simulated replica and reads back the line one request leaves.
@@ -12,6 +13,7 @@ import openai
 import orjson
 
 from tests.bench.compare_cluster import API_KEY, ROUTE, Cluster, start_spillgate
+from tests.bench.prediction_accuracy import predicted_and_real
 
 
 def test_a_traced_gateway_writes_what_the_policy_saw_and_what_happened(tmp_path: Path) -> None:
@@ -36,3 +38,8 @@ def test_a_traced_gateway_writes_what_the_policy_saw_and_what_happened(tmp_path:
     assert entry["outcome"] == "ok"
     assert entry["sent_at"] <= entry["first_token_at"] <= entry["ended"]
     assert entry["usage_prompt_tokens"] == reply.usage.prompt_tokens
+    # What tests.bench.prediction_accuracy reads from it: the chosen replica's prediction, and the real TTFT.
+    ((predicted, real),) = predicted_and_real([entry])
+    assert predicted == entry["backends"][0]["predicted_ttft_s"] > 0
+    assert real == entry["first_token_at"] - entry["decided_at"] > 0
+    assert predicted_and_real([{**entry, "first_token_at": 0.0}]) == [], "a request that never saw a first token"
