@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,6 +12,8 @@ import httpx
 import openai
 import pytest
 
+from backends.sim import timing
+from backends.sim.presets import get_preset
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 
@@ -97,3 +101,37 @@ def test_prefill_rate_is_learned_while_the_replica_is_never_idle(tmp_path: Path)
     finally:
         gateway.stop()
         replica.stop()
+
+
+def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_path: Path) -> None:
+    """Eight prompts at once, again and again: what routing and spilling predict a queue's wait from must be the
+    replica's own prefill speed, taken from its timing model (each 3-letter word is one token to the simulator's
+    tokenizer and to the gateway's estimate alike)."""
+    rng = random.Random(4)
+    replica = start_replica(tmp_path, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
+    gateway = start_gateway(gateway_config([replica.url]), tmp_path)
+    try:
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+        prompts = [" ".join("".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(1000)) for _ in range(32)]
+
+        def ask(prompt: str) -> int:
+            stream = client.chat.completions.create(
+                model="chat",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=2,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            usage = [chunk.usage for chunk in stream if chunk.usage]
+            return usage[0].prompt_tokens
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            prompt_tokens = list(pool.map(ask, prompts))
+        learned = httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+    finally:
+        gateway.stop()
+        replica.stop()
+    preset = get_preset("llama-3.1-8b-h100")
+    wall_s = sum(3 * timing.prefill_seconds(preset, [(tokens, 0)]) for tokens in prompt_tokens)
+    drains = sum(prompt_tokens) / wall_s
+    assert 0.75 * drains < learned < 1.15 * drains, f"learned {learned:.0f} tokens/s; the replica drains {drains:.0f}"
