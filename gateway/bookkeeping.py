@@ -13,6 +13,7 @@ from gateway.accounting import Accountant, LedgerEntry, Reservation
 from gateway.exchange import Attempt
 from gateway.metrics import ALL_TENANTS, GatewayMetrics
 from gateway.validation import ParsedRequest
+from policies.prediction import predicted_ttft
 
 
 def record_outcome(metrics: GatewayMetrics, attempt: Attempt, *, tenant_labels: bool) -> None:
@@ -30,7 +31,23 @@ def record_outcome(metrics: GatewayMetrics, attempt: Attempt, *, tenant_labels: 
     _count_spend(metrics, attempt, attempt.tenant.name if attempt.tenant and tenant_labels else ALL_TENANTS)
     if attempt.first_token_at:
         metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
+        _judge_prediction(metrics, attempt)
     _count_slo(metrics, attempt)
+
+
+def _judge_prediction(metrics: GatewayMetrics, attempt: Attempt) -> None:
+    """A streamed request served by the replica the policy chose: its TTFT against the one predicted there."""
+    if not attempt.stream or attempt.decided_from is None:
+        return
+    request, snapshot, chosen = attempt.decided_from
+    if attempt.backend != chosen:
+        return  # served by a fallback
+    state = next(b for b in snapshot.backends if b.name == chosen)
+    if state.kind != "replica":
+        return
+    predicted = predicted_ttft(request, state)
+    if predicted > 0:
+        metrics.ttft_prediction.labels(chosen).observe((attempt.first_token_at - attempt.started) / predicted)
 
 
 def book_ledger(

@@ -14,6 +14,7 @@ from gateway.coalesce import Lead
 from gateway.errors import ApiError
 from gateway.prefix import Fingerprint
 from gateway.tenants import Tenant
+from policies.types import RouteRequest, Snapshot
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -71,6 +72,9 @@ class Attempt:
     """Uncached prompt tokens the gateway had in prefill on the backend when this was sent, so that its TTFT
     measures prefill speed: ``(prefill_ahead + its own uncached tokens) / rate``. ``None`` when every running
     slot there was taken, since the wait then included other requests' decoding."""
+    decided_from: tuple[RouteRequest, Snapshot, str] | None = None
+    """What the policy chose from, and what it chose: kept (immutable, so free to keep) for judging the
+    prediction once the first token is in, off the hot path."""
 
 
 class DisconnectWatcher:

@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 
 
 ALL_TENANTS = "all"
@@ -35,6 +36,14 @@ class GatewayMetrics:
             "Time per output token after the first.",
             ("backend",),
             buckets=_TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft_prediction = Histogram(
+            "spillgate_ttft_prediction_ratio",
+            "A streamed request's TTFT over the TTFT predicted for the replica it was sent to (1 is exact, above 1 "
+            "slower than predicted): how far routing, spill and SLO decisions can trust their predictions.",
+            ("backend",),
+            buckets=_RATIO_BUCKETS,
             registry=self.registry,
         )
         self.e2e = Histogram(

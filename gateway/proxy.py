@@ -145,8 +145,9 @@ class CompletionsHandler:
 
     def _decide(self, request: RouteRequest, route: Route, targets: tuple[str, ...], attempt: Attempt) -> Decision:
         registry = self._state.registry
+        snapshot = registry.snapshot(targets, attempt.prefix_tokens)
         try:
-            decision = route.policy.decide(request, registry.snapshot(targets, attempt.prefix_tokens))
+            decision = route.policy.decide(request, snapshot)
         except NoCandidate as exc:
             raise ApiError(
                 503,
@@ -162,6 +163,7 @@ class CompletionsHandler:
                 headers={"retry-after": str(max(1, math.ceil(exc.retry_after_s)))},
             ) from None
         route.remember(decision, registry[decision.backend].kind)
+        attempt.decided_from = (request, snapshot, decision.backend)
         return decision
 
     async def _reserve(

@@ -106,7 +106,8 @@ def test_prefill_rate_is_learned_while_the_replica_is_never_idle(tmp_path: Path)
 def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_path: Path) -> None:
     """Eight prompts at once, again and again: what routing and spilling predict a queue's wait from must be the
     replica's own prefill speed, taken from its timing model (each 3-letter word is one token to the simulator's
-    tokenizer and to the gateway's estimate alike)."""
+    tokenizer and to the gateway's estimate alike), and ``spillgate_ttft_prediction_ratio`` shows how close the
+    predictions came."""
     rng = random.Random(4)
     replica = start_replica(tmp_path, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
     gateway = start_gateway(gateway_config([replica.url]), tmp_path)
@@ -128,6 +129,7 @@ def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_pa
         with ThreadPoolExecutor(max_workers=8) as pool:
             prompt_tokens = list(pool.map(ask, prompts))
         learned = httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+        ratios = prediction_ratios(httpx.get(gateway.url + "/metrics").text)
     finally:
         gateway.stop()
         replica.stop()
@@ -135,3 +137,18 @@ def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_pa
     wall_s = sum(3 * timing.prefill_seconds(preset, [(tokens, 0)]) for tokens in prompt_tokens)
     drains = sum(prompt_tokens) / wall_s
     assert 0.75 * drains < learned < 1.15 * drains, f"learned {learned:.0f} tokens/s; the replica drains {drains:.0f}"
+    # Every request's TTFT was judged against its prediction; once learned (the first few run on the prior),
+    # most were within -20% / +50% of it.
+    assert ratios["+Inf"] == len(prompts)
+    assert ratios["1.5"] - ratios["0.8"] >= len(prompts) / 2, ratios
+
+
+def prediction_ratios(metrics: str) -> dict[str, float]:
+    """``spillgate_ttft_prediction_ratio`` for pool-0: cumulative bucket counts by upper bound, and the count."""
+    prefix = 'spillgate_ttft_prediction_ratio_bucket{backend="pool-0",le="'
+    buckets = {}
+    for line in metrics.splitlines():
+        if line.startswith(prefix):
+            bound, value = line.removeprefix(prefix).split('"} ')
+            buckets[bound] = float(value)
+    return buckets
