@@ -125,6 +125,15 @@ def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str, 
     return start_spillgate(cluster, policy, trace, settings.route)
 
 
+def spillgate_traces(trace_dir: Path, workload: str, kind: str) -> list[Path]:
+    """The ``kind`` traces (``client`` or ``gateway``) of spillgate's runs of ``workload`` (a glob) in a
+    ``--trace-dir``, for the scripts that read them; exits with a hint if there are none."""
+    paths = sorted(trace_dir.glob(f"spillgate-*-{workload}-{kind}.jsonl"))
+    if not paths:
+        raise SystemExit(f"no spillgate {kind} traces of {workload} in {trace_dir} (compare_routers --trace-dir)")
+    return paths
+
+
 def _trace_path(
     settings: Settings, router: str, policy: str, spec: WorkloadSpec, kind: str, seed: int = 0
 ) -> Path | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from gateway.bench.stats import percentile
+from tests.bench.compare_routers import spillgate_traces
 
 
 def predicted_and_real(entries: Sequence[dict]) -> list[tuple[float, float]]:
@@ -35,20 +36,20 @@ def predicted_and_real(entries: Sequence[dict]) -> list[tuple[float, float]]:
 
 
 def summary(pairs: Sequence[tuple[float, float]], time_scale: float) -> str:
-    ratios = [real / predicted for predicted, real in pairs if predicted > 0]
     slowest = sorted(pairs)[len(pairs) * 3 // 4 :]
-    slow_ratios = [real / predicted for predicted, real in slowest if predicted > 0]
     error_ms = statistics.fmean(real - predicted for predicted, real in pairs) * 1000 / time_scale
     return (
-        f"{len(pairs)} requests | real/predicted p10 {_q(ratios, 10)}, p50 {_q(ratios, 50)}, p90 {_q(ratios, 90)} | "
-        f"slowest-predicted quarter: p10 {_q(slow_ratios, 10)}, p50 {_q(slow_ratios, 50)}, "
-        f"p90 {_q(slow_ratios, 90)} | mean error {error_ms:+.0f} ms"
+        f"{len(pairs)} requests | real/predicted {_deciles(pairs)} | "
+        f"slowest-predicted quarter: {_deciles(slowest)} | mean error {error_ms:+.0f} ms"
     )
 
 
-def _q(values: Sequence[float], pct: float) -> str:
-    value = percentile(list(values), pct)
-    return "-" if value is None else f"{value:.2f}"
+def _deciles(pairs: Sequence[tuple[float, float]]) -> str:
+    """p10, p50 and p90 of real / predicted."""
+    ratios = [real / predicted for predicted, real in pairs if predicted > 0]
+    if not ratios:
+        return "-"
+    return ", ".join(f"p{pct} {percentile(ratios, pct) or 0.0:.2f}" for pct in (10, 50, 90))
 
 
 def main() -> None:
@@ -56,11 +57,8 @@ def main() -> None:
     parser.add_argument("trace_dir", type=Path)
     parser.add_argument("--time-scale", type=float, default=6.0, help="the runs' --time-scale (default 6)")
     args = parser.parse_args()
-    paths = sorted(args.trace_dir.glob("spillgate-*-gateway.jsonl"))
-    if not paths:
-        raise SystemExit(f"no spillgate gateway traces in {args.trace_dir} (compare_routers --trace-dir)")
     pooled: list[tuple[float, float]] = []
-    for path in paths:
+    for path in spillgate_traces(args.trace_dir, "*", "gateway"):
         pairs = predicted_and_real([orjson.loads(line) for line in path.read_bytes().splitlines()])
         pooled.extend(pairs)
         print(f"{path.name.removesuffix('-gateway.jsonl')}: {summary(pairs, args.time_scale)}")

@@ -25,6 +25,7 @@ from pathlib import Path
 from backends.sim.presets import get_preset
 from gateway.bench.stats import percentile
 from tests.bench.compare_cluster import PRESET
+from tests.bench.compare_routers import spillgate_traces
 from tests.bench.ideal_placement import IdealRequest, replayed_ttfts, sticky_ttfts
 
 
@@ -53,9 +54,7 @@ def main() -> None:
     parser.add_argument("trace_dir", type=Path)
     parser.add_argument("--replicas", type=int, default=4, help="replicas the runs had (compare_routers' default 4)")
     args = parser.parse_args()
-    paths = sorted(args.trace_dir.glob("spillgate-*-chat*-client.jsonl"))
-    if not paths:
-        raise SystemExit(f"no spillgate chat client traces in {args.trace_dir} (compare_routers --trace-dir)")
+    paths = spillgate_traces(args.trace_dir, "chat*", "client")
     print("run | measured p99 ms | replayed, own placement | replayed, reference placement")
     pooled: tuple[list[float], list[float], list[float]] = ([], [], [])
     for path in paths:

@@ -7,6 +7,7 @@ import string
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -115,16 +116,13 @@ def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_pa
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
         prompts = [" ".join("".join(rng.choices(string.ascii_lowercase, k=3)) for _ in range(1000)) for _ in range(32)]
 
+        streamed: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}, "max_tokens": 2}
+
         def ask(prompt: str) -> int:
-            stream = client.chat.completions.create(
-                model="chat",
-                messages=[{"role": "user", "content": prompt}],
-                max_tokens=2,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            usage = [chunk.usage for chunk in stream if chunk.usage]
-            return usage[0].prompt_tokens
+            """The prompt tokens the replica counted."""
+            asked = [{"role": "user", "content": prompt}]
+            chunks = client.chat.completions.create(model="chat", messages=asked, **streamed)
+            return next(chunk.usage.prompt_tokens for chunk in chunks if chunk.usage)
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             prompt_tokens = list(pool.map(ask, prompts))
