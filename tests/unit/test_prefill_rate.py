@@ -32,7 +32,8 @@ def test_overhead_is_learned_so_short_and_long_prefills_are_both_predicted() -> 
     estimator = PrefillRateEstimator(prior_tokens_per_s=20_000)
     for _ in range(64):
         tokens = rng.randrange(100, 20_000)  # a short prompt alone, or a long queue ahead of it
-        estimator.observe(0, tokens, 0.010 + tokens / 40_000)
+        ahead = max(0, tokens - 2_000)
+        estimator.observe(ahead, tokens - ahead, 0.010 + tokens / 40_000)
     assert 0.009 < estimator.overhead_s < 0.011
     assert abs(estimator.overhead_s + 135 / estimator.rate - (0.010 + 135 / 40_000)) < 0.0005
     assert abs(estimator.overhead_s + 16_000 / estimator.rate - 0.41) < 0.005
