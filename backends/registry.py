@@ -59,6 +59,10 @@ class Backend:
     outstanding_tokens: int = 0
     last_first_token_at: float = 0.0
     """When the latest first token of a streamed request came back from here (``perf_counter``)."""
+    running_prefill_tokens: int = 0
+    """Of ``pending_prefill_tokens``, those of the prefill batch in progress here (:mod:`gateway.coalesce`)..."""
+    running_prefill_since: float = 0.0
+    """...which started then (``time.monotonic``): what it has computed since is counted as done."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     external_load: int = 0
     """What the last scrape showed beyond the gateway's own in-flight requests (see ``BackendState``)."""
@@ -77,6 +81,11 @@ class Backend:
 
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
         load = self.load
+        pending = self.pending_prefill_tokens
+        if self.running_prefill_tokens:
+            # A batch under way is partly computed: counted whole, a short queue behind it looks 1.5x as long.
+            done = (now - self.running_prefill_since) * self.prefill.rate
+            pending -= min(self.running_prefill_tokens, int(done))
         # Built once per candidate per request: positional, in BackendState's field order, through tuple.__new__
         # (what the named tuple's own constructor calls after binding 22 arguments, which costs twice as much).
         return _new_state(
@@ -92,7 +101,7 @@ class Backend:
                 load.cache_hit_rate,
                 self.max_total_tokens,
                 prefix_tokens,
-                self.pending_prefill_tokens,
+                pending,
                 self.prefill.rate,
                 self.max_running,
                 self.mean_service_s,

@@ -35,6 +35,7 @@ tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gs
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ class PrefillsInFlight:
         """Per replica, the requests held at the gateway, in the order they came."""
         self._hold_limits: dict[str, int] = {}
         self._batch_tokens: dict[str, int] = {}
+        self._batch_since: dict[str, float] = {}
+        """Per replica, when its batch in progress started (``time.monotonic``)."""
 
     def sent(
         self,
@@ -131,6 +134,16 @@ class PrefillsInFlight:
         released.set_result(None)
         self._enter(lead)
 
+    def running(self, replica: str) -> tuple[int, float]:
+        """Tokens of ``replica``'s batch in progress (sent requests it has started and whose first tokens have not
+        all come back), and when that batch started: predictions count what it has computed since as done."""
+        tokens = 0
+        for lead in self._pending.get(replica, ()):
+            if not lead.started.done():
+                break
+            tokens += lead.tokens
+        return tokens, self._batch_since.get(replica, 0.0)
+
     def held(self, replica: str) -> tuple[int, int]:
         """Tokens and count of the prompts held back for ``replica``."""
         held = self._held.get(replica, ())
@@ -163,6 +176,7 @@ class PrefillsInFlight:
         # first tokens are on their way). Once none does, the next batch takes the waiting requests in order
         # until the budget is spent, the one crossing it included (SGLang chunks it).
         if pending and not next(iter(pending)).started.done():
+            self._batch_since[replica] = time.monotonic()
             budget = self._batch_tokens.get(replica, DEFAULT_BATCH_TOKENS)
             ahead = 0
             for other in pending:
@@ -179,6 +193,7 @@ class PrefillsInFlight:
         pending = self._pending.setdefault(lead.replica, {})
         if not pending:
             lead.started.set_result(None)
+            self._batch_since[lead.replica] = time.monotonic()
         else:
             self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
         pending[lead] = None

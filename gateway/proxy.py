@@ -355,6 +355,7 @@ class CompletionsHandler:
             await asyncio.wait_for(asyncio.shield(lead.released), _longest_wait(attempt))
         except TimeoutError:
             prefilling.send_now(lead)
+            self._track_batch(backend)
         # Measured from here, behind what is booked there less this prompt and the prompts held behind it.
         held_tokens, held = prefilling.held(backend.name)
         ahead = backend.pending_prefill_tokens - held_tokens - attempt.pending_prefill
@@ -382,6 +383,7 @@ class CompletionsHandler:
                 backend.prefill_batch_tokens,
                 hold_limit(backend.max_waiting_prefill, backend.prefill_batch_tokens) if may_hold else 0,
             )
+            self._track_batch(backend)
 
     @staticmethod
     def _mark_sent(backend: Backend, attempt: Attempt, prefill_ahead: int, in_flight_ahead: int) -> None:
@@ -400,6 +402,12 @@ class CompletionsHandler:
         if attempt.lead is not None:
             self._state.prefilling.ended(attempt.lead)
             attempt.lead = None
+            self._track_batch(backend)
+
+    def _track_batch(self, backend: Backend) -> None:
+        """The replica's batch in progress may have changed: tell the registry, whose snapshots count it done as
+        it computes."""
+        backend.running_prefill_tokens, backend.running_prefill_since = self._state.prefilling.running(backend.name)
 
     def _settle(self, backend: Backend, attempt: Attempt, *, prefilled: bool) -> None:
         """Undo :meth:`_book` and feed what the backend reported back into the prefix index."""
@@ -410,6 +418,7 @@ class CompletionsHandler:
         if attempt.lead is not None:
             self._state.prefilling.ended(attempt.lead)
             attempt.lead = None
+            self._track_batch(backend)
         fingerprint = attempt.fingerprint
         if fingerprint is None:
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from gateway.coalesce import DEFAULT_BATCH_TOKENS, PrefillsInFlight, hold_limit
 
 
@@ -94,3 +96,24 @@ def test_the_hold_limit_defaults_to_an_eighth_of_a_prefill_batch() -> None:
     assert hold_limit(None, 0) == DEFAULT_BATCH_TOKENS // 8, "a replica that does not say its batch size"
     assert hold_limit(0, 8192) == 0, "0 never holds"
     assert hold_limit(2000, 8192) == 2000
+
+
+async def test_the_batch_in_progress_is_what_predictions_count_as_being_computed() -> None:
+    """``running``: the tokens of the batch a replica is computing and when it started; the requests still
+    waiting, and the batch-mates whose first tokens are due, are told apart."""
+    prefills = PrefillsInFlight()
+    assert prefills.running("r0") == (0, 0.0), "nothing sent"
+    before = time.monotonic()
+    first = prefills.sent("r0", (1,), 0, tokens=6000, batch_tokens=8192)
+    tokens, since = prefills.running("r0")
+    assert tokens == 6000 and before <= since <= time.monotonic(), "an idle replica starts at once"
+    waiting = [prefills.sent("r0", (10 + i,), 0, tokens=3000, batch_tokens=8192) for i in range(3)]
+    assert prefills.running("r0") == (6000, since), "the others wait for the next batch"
+    prefills.ended(first)
+    tokens, next_since = prefills.running("r0")
+    assert tokens == 9000 and next_since >= since, "3,000 + 3,000 + 3,000 crosses 8,192: all three go"
+    prefills.ended(waiting[0])
+    assert prefills.running("r0") == (6000, next_since), "the batch-mates' first tokens are due, its start stays"
+    prefills.ended(waiting[1])
+    prefills.ended(waiting[2])
+    assert prefills.running("r0")[0] == 0

@@ -114,6 +114,18 @@ def test_registry_snapshot_maps_every_field() -> None:
     }
 
 
+def test_the_batch_under_way_counts_as_computed_as_time_passes() -> None:
+    """A snapshot's pending prefill leaves out what the batch in progress has computed since it started, at the
+    learned rate, but never more than that batch."""
+    from backends.registry import Backend
+
+    backend = Backend("r", "replica", "http://x", "m", pending_prefill_tokens=10_000, prefill_tokens_per_s=20_000)
+    assert backend.state(now=5.0).pending_prefill_tokens == 10_000, "no batch under way"
+    backend.running_prefill_tokens, backend.running_prefill_since = 6_000, 4.75
+    assert backend.state(now=5.0).pending_prefill_tokens == 5_000, "0.25 s at 20k tokens/s"
+    assert backend.state(now=9.0).pending_prefill_tokens == 4_000, "the batch itself, and no more"
+
+
 # cache_aware: prefix affinity with a load guard, then predicted TTFT ---------------------------------
 
 
