@@ -88,7 +88,7 @@ async def run_bench(
     model = config.model or await discover_model(config)
     started_at = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     client = ChatClient(
-        config.url,
+        config.urls,
         model=model,
         api_key=config.api_key,
         request_timeout=config.request_timeout_s,

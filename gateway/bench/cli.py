@@ -45,7 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--url", required=True, help="base URL of the OpenAI-compatible server (with or without /v1)")
+    parser.add_argument(
+        "--url",
+        required=True,
+        action="append",
+        help="base URL of the OpenAI-compatible server (with or without /v1); give it again for each process of a "
+        "server run as several (requests rotate over them, as a load balancer without affinity would)",
+    )
     parser.add_argument("--api-key", default=None, help="sent as 'authorization: Bearer KEY'")
     parser.add_argument("--model", default=None, help="the request's model (default: the first of GET /v1/models)")
     parser.add_argument("--workload", required=True, metavar="{gsp,chat,agent,trace:PATH}")
@@ -133,7 +139,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         # Written out in the config (and the JSON report), so a run says exactly what it sent.
         schedule = burst_spec(args.burst_seconds, args.steady_seconds)
     return BenchConfig(
-        url=args.url,
+        url=args.url[0],
+        more_urls=tuple(args.url[1:]),
         workload=args.workload,
         api_key=args.api_key,
         model=args.model,

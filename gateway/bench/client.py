@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -56,10 +56,16 @@ def api_paths(url: str) -> tuple[str, str]:
 
 
 class ChatClient:
-    """Streams chat completions to one OpenAI-compatible URL over pooled keep-alive connections."""
+    """Streams chat completions to OpenAI-compatible URLs over pooled keep-alive connections; with several URLs
+    (the processes of one gateway), each request goes to the next one in turn."""
 
-    def __init__(self, url: str, *, model: str, api_key: str | None, request_timeout: float, connect_timeout: float):
-        self._base, self._path = api_paths(url)
+    def __init__(
+        self, urls: Sequence[str], *, model: str, api_key: str | None, request_timeout: float, connect_timeout: float
+    ):
+        if not urls:
+            raise ValueError("ChatClient needs at least one URL")
+        self._targets = [api_paths(url) for url in urls]
+        self._turn = 0
         self._model = model
         self._timeout = request_timeout
         self._http = Http1Client(connect_timeout=connect_timeout, read_timeout=request_timeout)
@@ -88,7 +94,9 @@ class ChatClient:
         result = RequestResult(start=sent - origin)
         try:
             async with asyncio.timeout(self._timeout):
-                response = await self._http.post(self._base, self._path, body, self._headers)
+                base, path = self._targets[self._turn % len(self._targets)]
+                self._turn += 1
+                response = await self._http.post(base, path, body, self._headers)
                 try:
                     result.status = response.status
                     for name, value in response.headers:

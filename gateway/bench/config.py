@@ -75,6 +75,9 @@ class BenchConfig:
     """
 
     url: str
+    more_urls: tuple[str, ...] = ()
+    """Further URLs of the same service, such as the other processes of a gateway: requests rotate over ``url``
+    and these, one after another, as a load balancer without affinity would send them."""
     workload: str = "gsp"
     api_key: str | None = None
     model: str | None = None
@@ -102,6 +105,11 @@ class BenchConfig:
     agent: AgentKnobs = field(default_factory=AgentKnobs)
 
     @property
+    def urls(self) -> tuple[str, ...]:
+        """Every URL requests are sent to, in rotation order."""
+        return (self.url, *self.more_urls)
+
+    @property
     def trace_path(self) -> str | None:
         return self.workload[len(TRACE_PREFIX) :] if self.workload.startswith(TRACE_PREFIX) else None
 
@@ -122,8 +130,9 @@ class BenchConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that cannot work."""
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"--url must be an http(s) URL, got {self.url!r}")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--url must be an http(s) URL, got {url!r}")
         if self.workload not in WORKLOADS and not self.trace_path:
             raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)} or trace:PATH, got {self.workload!r}")
         shapes = [self.rate is not None, self.rate_schedule is not None, bool(self.concurrency)]

@@ -146,7 +146,7 @@ def format_table(result: BenchResult) -> str:
     and errors."""
     config = result.config
     lines = [
-        f"spillgate bench: {config.workload} -> {config.url} (model {result.model}); "
+        f"spillgate bench: {config.workload} -> {', '.join(config.urls)} (model {result.model}); "
         f"SLO TTFT <= {config.slo_ttft_ms:g} ms, TPOT <= {config.slo_tpot_ms:g} ms"
         + ("  [interrupted: partial results]" if result.interrupted else ""),
     ]

@@ -111,6 +111,29 @@ async def test_a_session_script_replays_the_turns_a_run_sent(replicas: list[Runn
         await run_bench(dataclasses.replace(replay, concurrency=(2,)))
 
 
+async def test_several_urls_take_the_requests_in_turn(replicas: list[RunningProcess]) -> None:
+    # The processes of one gateway behind no load balancer: requests rotate over them, one after another.
+    first, second = replicas[0], replicas[2]
+    before = [requests_served(first), requests_served(second)]
+    config = dataclasses.replace(
+        on_replica(first, workload="gsp", concurrency=(1,), num_requests=10, gsp=SMALL_GSP, seed=41),
+        more_urls=(second.url + "/v1",),
+    )
+    summary = (await run_bench(config)).levels[0].summary
+    assert summary.completed == 10 and summary.failed == 0
+    assert [requests_served(first) - before[0], requests_served(second) - before[1]] == [5, 5]
+    with pytest.raises(BenchError, match="--url must be an http"):
+        await run_bench(dataclasses.replace(config, more_urls=("127.0.0.1:1",)))
+
+
+def requests_served(replica: RunningProcess) -> int:
+    """The replica's own count of the requests it answered (``sglang:num_requests_total``, over its labels)."""
+    metrics = httpx.get(replica.url + "/metrics", timeout=10).text
+    return round(
+        sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("sglang:num_requests_total"))
+    )
+
+
 async def test_stop_gives_a_partial_report(replicas: list[RunningProcess]) -> None:
     stop = asyncio.Event()
     config = on_replica(
