@@ -245,6 +245,23 @@ class Relay:
     api_key: str | None
     command: str
     config: dict[str, Any] | None = None
+    more_services: tuple[Service, ...] = ()
+    """The other processes of a gateway run as several (``--gateways``), answering at ``more_urls``."""
+    more_urls: tuple[str, ...] = ()
+
+    @property
+    def services(self) -> tuple[Service, ...]:
+        return (self.service, *self.more_services)
+
+    def running(self) -> bool:
+        return all(service.running() for service in self.services)
+
+    def log_tail(self) -> str:
+        return "\n".join(service.log_tail() for service in self.services if not service.running())
+
+    def stop(self) -> None:
+        for service in self.services:
+            service.stop()
 
 
 def gateway_config(
@@ -279,35 +296,69 @@ def gateway_config(
 
 
 def start_spillgate(
-    cluster: Cluster, policy: str, trace: Path | None = None, route: Mapping[str, Any] | None = None
+    cluster: Cluster,
+    policy: str,
+    trace: Path | None = None,
+    route: Mapping[str, Any] | None = None,
+    *,
+    processes: int = 1,
+    redis_url: str | None = None,
 ) -> Relay:
     """The gateway over the cluster; with ``trace``, one JSON line per request there (``trace_gateway``);
-    ``route``: more settings for its route (see :func:`gateway_config`)."""
-    port = free_port()
-    config = gateway_config(cluster.urls, policy, port, cluster.time_scale, route)
-    path = cluster.log_dir / f"spillgate-{policy}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    entry = ["gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
-    argv = [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(port)]
-    service = start(f"spillgate-{policy}", argv, cluster.log_dir)
-    relay = Relay("spillgate", policy, service, f"http://127.0.0.1:{port}", ROUTE, API_KEY, " ".join(argv), config)
+    ``route``: more settings for its route (see :func:`gateway_config`). With ``processes`` > 1, that many
+    gateway processes sharing their state through ``redis_url`` (under a key prefix of this start's own), as a
+    deployment behind a load balancer runs: the bench rotates over them."""
+    if processes > 1 and not redis_url:
+        raise ValueError("several gateway processes share their state through Redis: pass redis_url")
+    key_prefix = f"compare-{os.getpid()}-{time.time_ns()}"
+    services: list[Service] = []
+    urls: list[str] = []
+    argvs: list[str] = []
+    config: dict[str, Any] = {}
     try:
-        _wait_all_healthy(relay, len(cluster.urls))
+        for index in range(processes):
+            port = free_port()
+            config = gateway_config(cluster.urls, policy, port, cluster.time_scale, route)
+            name = f"spillgate-{policy}" + (f"-{index}" if processes > 1 else "")
+            if processes > 1:
+                data_dir = str(cluster.log_dir / name)
+                config["state"] = {"redis_url": redis_url, "key_prefix": key_prefix, "data_dir": data_dir}
+            path = cluster.log_dir / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            entry = ["gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
+            argv = [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(port)]
+            services.append(start(name, argv, cluster.log_dir))
+            urls.append(f"http://127.0.0.1:{port}")
+            argvs.append(" ".join(argv))
+        for service, url in zip(services, urls, strict=True):
+            _wait_all_healthy(service, url, len(cluster.urls))
     except BaseException:
-        service.stop()
+        for service in services:
+            service.stop()
         raise
-    return relay
+    time.sleep(1.0)  # two scrapes at interval_s 0.5: server info and metrics are in
+    return Relay(
+        "spillgate",
+        policy,
+        services[0],
+        urls[0],
+        ROUTE,
+        API_KEY,
+        " && ".join(argvs),
+        config,
+        more_services=tuple(services[1:]),
+        more_urls=tuple(urls[1:]),
+    )
 
 
-def _wait_all_healthy(relay: Relay, count: int) -> None:
+def _wait_all_healthy(service: Service, url: str, count: int) -> None:
     """Ready is not enough: the first requests must see every replica, with its metrics scraped once."""
 
     def healthy() -> bool:
-        status, body = http_request(relay.url + "/health")
+        status, body = http_request(url + "/health")
         return status == 200 and body.count(b'"healthy":true') + body.count(b'"healthy": true') >= count
 
-    wait_until(relay.service, healthy, timeout=60, what=f"/health listing {count} healthy backends")
-    time.sleep(1.0)  # two scrapes at interval_s 0.5: server info and metrics are in
+    wait_until(service, healthy, timeout=60, what=f"/health listing {count} healthy backends")
 
 
 def start_router(python: str, cluster: Cluster, policy: str) -> Relay:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shlex
 import shutil
@@ -66,6 +67,7 @@ from tests.bench.compare_table import Rows, RunFigures, details_table, figures, 
 from tests.bench.compare_workloads import SWEEP_RATES, WorkloadSpec, parse_rates, workload_spec
 from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, sticky_ttfts
 from tests.bench.services import REPO_ROOT
+from tests.support.redis_server import redis_url as private_redis
 
 REFERENCE_TIME_SCALE = 0.01
 """The best-hit reference runs one request at a time, where timing cannot change the hit rate: run it fast."""
@@ -98,6 +100,9 @@ class Settings:
     """Simulated seconds of arrivals sent before ``duration_s``, not counted in latencies and goodput."""
     route: dict[str, Any] = field(default_factory=dict)
     """More settings for spillgate's route (``--route``): ``weights``, ``affinity``."""
+    gateways: int = 1
+    """spillgate's rows: gateway processes sharing their state through Redis, the bench rotating over them."""
+    redis_url: str | None = None
 
     def sent_s(self) -> float:
         """Simulated seconds of arrivals per run, warm-up included."""
@@ -122,7 +127,9 @@ def start_relay(settings: Settings, cluster: Cluster, router: str, policy: str, 
     if router == "sglang-router":
         assert settings.router_python is not None
         return start_router(settings.router_python, cluster, policy)
-    return start_spillgate(cluster, policy, trace, settings.route)
+    return start_spillgate(
+        cluster, policy, trace, settings.route, processes=settings.gateways, redis_url=settings.redis_url
+    )
 
 
 def spillgate_traces(trace_dir: Path, workload: str, kind: str) -> list[Path]:
@@ -188,6 +195,7 @@ def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec
         before = cluster.counters()
         config = spec.bench_config(
             relay.url,
+            more_urls=relay.more_urls,
             model=relay.model,
             api_key=relay.api_key,
             time_scale=settings.time_scale,
@@ -198,15 +206,15 @@ def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec
             seed=seed,
         )
         started = time.monotonic()
-        watch = CpuWatch((relay.service.pid, *(service.pid for service in cluster.services)))
+        watch = CpuWatch((*(service.pid for service in relay.services), *(service.pid for service in cluster.services)))
         result = asyncio.run(run_bench(config))
         wall = time.monotonic() - started
         cpu = watch.cores()
-        if not relay.service.running():
-            raise RuntimeError(f"{relay.name} exited during the run:\n{relay.service.log_tail()}")
+        if not relay.running():
+            raise RuntimeError(f"{relay.name} exited during the run:\n{relay.log_tail()}")
         after = cluster.counters()
     finally:
-        relay.service.stop()
+        relay.stop()
     level = result.levels[0]
     _write_client_results(_trace_path(settings, router, policy, spec, "client", seed), level, settings.time_scale)
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
@@ -561,8 +569,13 @@ def render(
         )
         + "Load: "
         + "; ".join(_load_line(spec, settings) for spec in settings.specs)
-        + f". spillgate: prefill_tokens_per_s {SIM_PREFILL_TOKENS_PER_S:g} / time scale, health interval 0.5 s; "
-        f"sglang-router {router_env.ROUTER_VERSION} with its defaults but the policy ({settings.router_note}).",
+        + f". spillgate: prefill_tokens_per_s {SIM_PREFILL_TOKENS_PER_S:g} / time scale, health interval 0.5 s"
+        + (
+            f", {settings.gateways} gateway processes sharing state through Redis, requests sent to each in turn; "
+            if settings.gateways > 1
+            else "; "
+        )
+        + f"sglang-router {router_env.ROUTER_VERSION} with its defaults but the policy ({settings.router_note}).",
         "",
         main_table(rows, names, best),
         "",
@@ -645,6 +658,7 @@ def build_settings(args: argparse.Namespace, work_dir: Path) -> Settings:
         work_dir=work_dir,
         trace_dir=Path(args.trace_dir) if args.trace_dir else None,
         route=_route_settings(args.route),
+        gateways=args.gateways,
     )
 
 
@@ -672,7 +686,10 @@ def run(args: argparse.Namespace) -> int:
     cluster = Cluster(settings.time_scale, work_dir)
     reference = Reference(work_dir)
     ok = False
+    shared = contextlib.ExitStack()
     try:
+        if settings.gateways > 1:
+            settings.redis_url = shared.enter_context(private_redis(work_dir))
         _progress(f"starting {settings.replicas} replicas at time scale {settings.time_scale:g} (logs in {work_dir})")
         cluster.start(settings.replicas)
         if args.find_rate:
@@ -692,6 +709,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         reference.stop()
         cluster.stop()
+        shared.close()
         if not ok:
             print(f"logs kept in {work_dir}", file=sys.stderr)
     header = {
@@ -813,6 +831,13 @@ def main(argv: list[str] | None = None) -> int:
         help="more settings for spillgate's route, e.g. '{affinity: {max_slowdown: 4}, weights: {prefix_hit: 0.05}}'",
     )
     parser.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="spillgate as N processes sharing state through Redis (REDIS_URL, else a private redis-server), "
+        "requests sent to each in turn (default 1)",
+    )
+    parser.add_argument(
         "--find-rate", action="store_true", help="sweep rates through the cache-aware reference and suggest one"
     )
     args = parser.parse_args(argv)
@@ -822,6 +847,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup must be zero or positive")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.gateways < 1:
+        parser.error("--gateways must be at least 1")
     try:
         return run(args)
     except KeyboardInterrupt:

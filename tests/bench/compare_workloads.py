@@ -18,6 +18,7 @@ routing by cache.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.bench.config import BenchConfig, ChatKnobs, GspKnobs
@@ -60,6 +61,7 @@ class WorkloadSpec:
         self,
         url: str,
         *,
+        more_urls: Sequence[str] = (),
         model: str,
         api_key: str | None,
         time_scale: float,
@@ -74,6 +76,7 @@ class WorkloadSpec:
         ttft_ms, tpot_ms = slo
         return BenchConfig(
             url=url,
+            more_urls=tuple(more_urls),
             workload=self.workload,
             api_key=api_key,
             model=model,
