@@ -14,16 +14,17 @@ from gateway.config import ConfigError
 from gateway.errors import ApiError, error_body
 from gateway.live_config import LiveConfig
 from gateway.state import GatewayState
+from gateway.tenants import Admin
 
 
 def admin_router(state: GatewayState) -> APIRouter:
     router = APIRouter(prefix="/admin")
 
-    def live(request: Request) -> tuple[LiveConfig, str]:
+    def live(request: Request) -> tuple[LiveConfig, Admin]:
         admin = state.tenants.authenticate_admin(request.headers.get("authorization"))
         if state.live is None:
             raise ApiError(503, "Live configuration is not enabled in this process.", code="config_unavailable")
-        return state.live, f"admin:{admin.key_id}"
+        return state.live, admin
 
     @router.get("/config")
     async def get_config(request: Request) -> dict[str, Any]:
@@ -34,9 +35,9 @@ def admin_router(state: GatewayState) -> APIRouter:
     @router.put("/config")
     async def put_config(request: Request) -> Response:
         """Validate a whole config and swap it in; refused whole, every problem listed, when invalid."""
-        config, author = live(request)
+        config, admin = live(request)
         raw = _parse_body(await request.body(), request.headers.get("content-type", ""))
-        return await _change(config.propose(raw, author))
+        return await _change(config.propose(raw, f"admin:{admin.key_id}", keeping_admin=admin.digest))
 
     @router.get("/config/history")
     async def history(request: Request) -> dict[str, Any]:
@@ -45,10 +46,10 @@ def admin_router(state: GatewayState) -> APIRouter:
 
     @router.post("/config/rollback/{version}")
     async def rollback(version: int, request: Request) -> Response:
-        config, author = live(request)
+        config, admin = live(request)
         if config.version(version) is None:
             raise ApiError(404, f"There is no config version {version}.", param="version", code="version_not_found")
-        return await _change(config.rollback(version, author))
+        return await _change(config.rollback(version, f"admin:{admin.key_id}", keeping_admin=admin.digest))
 
     return router
 

@@ -24,6 +24,7 @@ from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
 from gateway.secrets import MissingSecret
 from gateway.tasks import stop_if_cancelled
+from gateway.tenants import resolve_key
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -63,15 +64,26 @@ class LiveConfig:
 
     # -- changing ----------------------------------------------------------------------------------------
 
-    async def propose(self, raw: object, author: str, *, file_sha: str | None = None) -> ConfigVersion:
+    async def propose(
+        self, raw: object, author: str, *, file_sha: str | None = None, keeping_admin: str | None = None
+    ) -> ConfigVersion:
         """Validate ``raw`` and make it the running version; :class:`ConfigError` lists every problem.
-        ``file_sha`` is the digest of the config file's new content when the edit came from the file."""
+        ``file_sha`` is the digest of the config file's new content when the edit came from the file;
+        ``keeping_admin`` the digest of the admin key an API change was made with, which it must keep: an edit
+        that dropped it would lock its author out of the admin API, rollback included."""
         async with self._lock:
             if isinstance(raw, dict):
                 # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
                 kept = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
                 raw = kept | unredact(raw, self._running_raw)
             config = self._validate(raw)
+            if keeping_admin is not None and keeping_admin not in admin_digests(config):
+                problem = (
+                    "admin.keys",
+                    "must keep the admin key this change was made with: without it the admin API would refuse "
+                    "every call from it, rollback included (a key is removed by another admin key, or in the file)",
+                )
+                raise ConfigError(f"config: {problem[0]}: {problem[1]}", [problem])
             assert isinstance(raw, dict)
             number = await self._next_number()
             if file_sha is not None:
@@ -82,11 +94,11 @@ class LiveConfig:
             log.info("config version %d applied (%s): %d change(s)", number, author, len(version.diff))
             return version
 
-    async def rollback(self, number: int, author: str) -> ConfigVersion:
+    async def rollback(self, number: int, author: str, *, keeping_admin: str | None = None) -> ConfigVersion:
         old = self._history.get(number)
         if old is None:
             raise KeyError(number)
-        return await self.propose(old.raw, f"{author} (rollback to {number})")
+        return await self.propose(old.raw, f"{author} (rollback to {number})", keeping_admin=keeping_admin)
 
     def _validate(self, raw: object) -> GatewayConfig:
         config = parse_config(raw, source="config")
@@ -262,3 +274,12 @@ def restart_problems(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, 
                 (f"hosted_models.{index}.simulated", "simulated models start with the gateway; restart to change")
             )
     return problems
+
+
+def admin_digests(config: GatewayConfig) -> set[str]:
+    """The digests of ``config``'s admin keys (those whose secret cannot be read are left out)."""
+    digests = set()
+    for spec in config.admin.keys:
+        with contextlib.suppress(MissingSecret):
+            digests.add(resolve_key(spec))
+    return digests

@@ -52,6 +52,8 @@ class Admin:
 
     key_id: str
     """The first characters of the key's digest: enough to tell keys apart in the config history."""
+    digest: str = ""
+    """The whole digest: a config change made with this key must keep it (:mod:`gateway.live_config`)."""
 
 
 def key_digest(key: str) -> str:
@@ -106,7 +108,7 @@ class TenantDirectory:
             if digest in owners:
                 problems.append((f"admin.keys.{j}", "an admin key must not also be a tenant key"))
             elif digest:
-                self._admins[digest] = Admin(digest[:12])
+                self._admins[digest] = Admin(digest[:12], digest)
         if problems:
             raise ConfigError("; ".join(f"{path}: {message}" for path, message in problems), problems)
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))

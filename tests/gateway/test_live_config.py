@@ -138,6 +138,33 @@ def test_invalid_edit_changes_nothing_and_lists_every_problem(gateway: tuple[Run
     assert httpx.put(proc.url + "/admin/config", content=b"{not json", headers=ADMIN).status_code == 400
 
 
+def test_an_edit_may_not_drop_the_admin_key_it_was_made_with(gateway: tuple[RunningProcess, Path]) -> None:
+    proc, _ = gateway
+    before = current(proc)
+    for admin in ({"keys": []}, None):
+        config = copy.deepcopy(before["config"])
+        if admin is None:
+            del config["admin"]
+        else:
+            config["admin"] = admin
+        response = put(proc, config)
+        assert response.status_code == 422, response.text
+        assert response.json()["problems"][0]["path"] == "admin.keys"
+        assert "must keep the admin key" in response.json()["error"]["message"]
+    assert current(proc) == before, "refused whole: the running config and the admin API are as they were"
+    # Another admin key may take over: then the old one may go, by a change made with the new one.
+    config = copy.deepcopy(before["config"])
+    config["admin"]["keys"].append("sk-test-admin-2")
+    assert put(proc, config).status_code == 200
+    config["admin"]["keys"] = ["sk-test-admin-2"]
+    other = {"authorization": "Bearer sk-test-admin-2"}
+    assert httpx.put(proc.url + "/admin/config", json=config, headers=other, timeout=30).status_code == 200
+    assert httpx.get(proc.url + "/admin/config", headers=ADMIN).status_code == 401
+    # Rolling back to version 1 would drop the key making the change: refused as well.
+    rollback = httpx.post(proc.url + "/admin/config/rollback/1", headers=other, timeout=30)
+    assert rollback.status_code == 422 and rollback.json()["problems"][0]["path"] == "admin.keys"
+
+
 def test_valid_edit_routes_the_next_request_then_rolls_back(gateway: tuple[RunningProcess, Path]) -> None:
     proc, _ = gateway
     assert backend_of(proc) == "blue-0"
