@@ -1,7 +1,8 @@
 """What a finished request leaves behind: its metrics, its price, and its ledger entry.
 
-Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`record_outcome` and then
-:func:`book_ledger` once per request, whatever its outcome: the price the first sets is what the second books.
+Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`price_cut_off`, :func:`record_outcome`
+and then :func:`book_ledger` once per request, whatever its outcome: the price the first two set is what the
+third books, so the spend metrics and the ledger agree.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ def record_outcome(metrics: GatewayMetrics, attempt: Attempt, *, tenant_labels: 
 
     ``tenant_labels`` (the config's ``metrics.tenant_labels``): label spend by tenant rather than one total."""
     metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
+    tenant = attempt.tenant.name if attempt.tenant and tenant_labels else ALL_TENANTS
     if attempt.outcome != "ok":
+        _count_spend(metrics, attempt, tenant)  # what a request cut off costs still counts
         return
     e2e = time.perf_counter() - attempt.started
     metrics.e2e.labels(attempt.backend).observe(e2e)
     if attempt.served_by is not None:
         attempt.served_by.observe_service_time(e2e)
     _count_prompt_tokens(metrics, attempt)
-    _count_spend(metrics, attempt, attempt.tenant.name if attempt.tenant and tenant_labels else ALL_TENANTS)
+    _count_spend(metrics, attempt, tenant)
     if attempt.first_token_at:
         metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
         _judge_prediction(metrics, attempt)
@@ -97,6 +100,16 @@ def cached_tokens(usage: dict[str, Any]) -> int:
     return reported_cached_tokens(usage) or 0
 
 
+def price_cut_off(attempt: Attempt, parsed: ParsedRequest) -> None:
+    """Price a request that reached a backend but ended before its usage was reported (a client that left
+    mid-stream, a backend that failed), once, before it is counted and booked."""
+    usage = attempt.usage or {}
+    if attempt.cost_usd is not None or attempt.served_by is None or isinstance(usage.get("completion_tokens"), int):
+        return
+    prompt = usage.get("prompt_tokens")
+    attempt.cost_usd = _unknown_cost(attempt, prompt if isinstance(prompt, int) else parsed.prompt_tokens)
+
+
 def _unknown_cost(attempt: Attempt, prompt_tokens: int) -> float:
     """A request cut off before its usage was reported: once tokens flowed, assume the worst case; a
     hosted provider that got the request bills its prompt even if nothing came back."""
@@ -127,7 +140,12 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str) -> None
     usage = attempt.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     backend = attempt.served_by
-    if not isinstance(prompt, int) or not isinstance(completion, int) or backend is None:
+    if backend is None:
+        return
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        if attempt.cost_usd:  # no usage came: priced by price_cut_off, with nothing to compare it to
+            attempt.hosted_equivalent_usd = attempt.cost_usd
+            _count_cost(metrics, attempt, tenant, backend.kind)
         return
     if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
         attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
@@ -138,8 +156,12 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str) -> None
         attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached_tokens(usage))
     else:
         attempt.hosted_equivalent_usd = attempt.cost_usd
-    metrics.spend.labels(tenant, attempt.route, attempt.backend, backend.kind).inc(attempt.cost_usd)
-    metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd)
+    _count_cost(metrics, attempt, tenant, backend.kind)
+
+
+def _count_cost(metrics: GatewayMetrics, attempt: Attempt, tenant: str, kind: str) -> None:
+    metrics.spend.labels(tenant, attempt.route, attempt.backend, kind).inc(attempt.cost_usd or 0.0)
+    metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd or 0.0)
 
 
 def _count_slo(metrics: GatewayMetrics, attempt: Attempt) -> None:

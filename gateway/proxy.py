@@ -20,7 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
-from gateway.bookkeeping import book_ledger, record_outcome
+from gateway.bookkeeping import book_ledger, price_cut_off, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
@@ -179,6 +179,8 @@ class CompletionsHandler:
         budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429."""
         tenant = attempt.tenant
         if tenant is None or tenant.limits.unlimited:
+            # Nothing to reserve, but a stream cut off before its usage came is booked at this worst case.
+            attempt.worst_case_usd = self._worst_case(parsed, decision)[1]
             return decision, None
         if not parsed.max_tokens:
             # The worst case must be bounded to be reserved: cap the output at the gateway's limit.
@@ -201,20 +203,25 @@ class CompletionsHandler:
         """Reserve a true upper bound: every choice at its output limit, and a prompt of as many tokens as
         the body has bytes (a byte-level tokenizer never makes more), whatever the language or images."""
         assert attempt.tenant is not None
-        registry = self._state.registry
-        candidates = [registry[name] for name in decision.ranked[:_MAX_ATTEMPTS]]
-        output = (parsed.max_tokens or self._state.config.limits.max_tokens) * parsed.choices
-        prompt = max(parsed.prompt_tokens, parsed.body_bytes)
-        attempt.worst_case_usd = max(
-            (prompt * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6 for b in candidates
-        )
+        tokens, attempt.worst_case_usd = self._worst_case(parsed, decision)
         return await self._state.accountant.reserve(
             attempt.tenant.name,
             attempt.tenant.limits,
-            tokens=prompt + output,
+            tokens=tokens,
             worst_case_usd=attempt.worst_case_usd,
-            hosted=any(b.kind == "hosted" for b in candidates),
+            hosted=any(self._state.registry[name].kind == "hosted" for name in decision.ranked[:_MAX_ATTEMPTS]),
         )
+
+    def _worst_case(self, parsed: ParsedRequest, decision: Decision) -> tuple[int, float]:
+        """Tokens and dollars the request can cost at most, on whichever of its candidates it may end up."""
+        registry = self._state.registry
+        output = (parsed.max_tokens or self._state.config.limits.max_tokens) * parsed.choices
+        prompt = max(parsed.prompt_tokens, parsed.body_bytes)
+        usd = max(
+            (prompt * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6
+            for b in (registry[name] for name in decision.ranked[:_MAX_ATTEMPTS])
+        )
+        return prompt + output, usd
 
     def _required_tier(self, parsed: ParsedRequest, route: Route) -> int:
         """The tier a prompt needs: the route's top tier when the classifier scores it complex."""
@@ -259,6 +266,7 @@ class CompletionsHandler:
             attempt.outcome = "client_disconnected"
         finally:
             watcher.stop()
+            price_cut_off(attempt, parsed)
             record_outcome(self._state.metrics, attempt, tenant_labels=self._state.config.metrics.tenant_labels)
             book_ledger(self._state.accountant, parsed, attempt, reservation)
 

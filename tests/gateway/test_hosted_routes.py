@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,45 @@ def test_hosted_latency_is_learned_from_streams(setup: RunningProcess) -> None:
         )
     learned = httpx.get(setup.url + "/health").json()["backends"]["oai"]
     assert learned["ttft_ms"] != 20.0, "still the configured prior"
+
+
+def spend_metric(gateway: RunningProcess, backend: str) -> float:
+    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("spillgate_spend_usd_total{") and f'backend="{backend}"' in line
+    )
+
+
+def test_a_stream_the_client_abandons_is_still_paid_for(setup: RunningProcess) -> None:
+    # The provider bills what it generated before it noticed; the gateway, which never saw the usage, books
+    # the worst case (the prompt and max_tokens), in the ledger and in the spend metric alike.
+    spent_before = httpx.get(setup.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
+    metric_before = spend_metric(setup, "oai")
+    body = {
+        "model": "oai",
+        "messages": [{"role": "user", "content": "tell me a long story " * 50}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    with httpx.stream("POST", setup.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30) as response:
+        assert response.status_code == 200
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks == 5:
+                break  # and hang up: the stream had thousands of tokens to go
+    worst_output_usd = 2000 * 15 / 1e6
+
+    def booked() -> bool:
+        today = httpx.get(setup.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
+        return today["requests"] == spent_before["requests"] + 1
+
+    deadline = time.monotonic() + 10
+    while not booked():
+        assert time.monotonic() < deadline, "the abandoned stream was never booked"
+        time.sleep(0.1)
+    today = httpx.get(setup.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
+    assert today["usd"] - spent_before["usd"] >= worst_output_usd
+    assert spend_metric(setup, "oai") - metric_before == pytest.approx(today["usd"] - spent_before["usd"])
