@@ -45,7 +45,7 @@ from gateway.sse import EventRelay
 from gateway.state import GatewayState
 from gateway.tenants import Tenant
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
-from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest
+from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest, Unservable
 
 log = logging.getLogger("spillgate.proxy")
 
@@ -148,6 +148,10 @@ class CompletionsHandler:
         snapshot = registry.snapshot(targets, attempt.prefix_tokens)
         try:
             decision = route.policy.decide(request, snapshot)
+        except Unservable as exc:
+            raise ApiError(
+                400, f"'{route.name}' cannot serve this request: {exc}.", code="unservable_request"
+            ) from None
         except NoCandidate as exc:
             raise ApiError(
                 503,
@@ -475,10 +479,7 @@ class CompletionsHandler:
             body = await response.read()
         except HttpError:
             body = b""
-        if not _is_openai_error(body):
-            body = error_body(
-                response.status, f"Backend {attempt.backend} refused the request.", code="backend_refused"
-            )
+        body = _as_openai_error(body, response.status, attempt.backend)
         await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "client_error"
 
@@ -540,12 +541,21 @@ def _usage_of(body: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def _is_openai_error(body: bytes) -> bool:
+def _as_openai_error(body: bytes, status: int, backend: str) -> bytes:
+    """A backend's 4xx body in OpenAI's shape, its message kept: passed on as it is when already in that shape,
+    rewrapped when flat as SGLang writes it (``{"object": "error", "message": ...}``), else a generic refusal."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        parsed = None
+    if isinstance(parsed, dict):
+        if isinstance(parsed.get("error"), dict):
+            return body
+        message = parsed.get("message")
+        if parsed.get("object") == "error" and isinstance(message, str) and message:
+            param = parsed.get("param")
+            return error_body(status, f"Backend {backend}: {message}", param=param if isinstance(param, str) else None)
+    return error_body(status, f"Backend {backend} refused the request.", code="backend_refused")
 
 
 def _upstream_error(exc: HttpError, backend: str) -> ApiError:

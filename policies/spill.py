@@ -18,7 +18,7 @@ from typing import Literal
 
 from policies.engine import Policy
 from policies.prediction import predicted_ttft
-from policies.types import BackendState, Decision, NoCandidate, OverCapacity, RouteRequest, Snapshot
+from policies.types import BackendState, Decision, NoCandidate, OverCapacity, RouteRequest, Snapshot, Unservable
 
 OnSloMiss = Literal["fastest", "queue", "reject"]
 _DEFAULT_OUTPUT_TOKENS = 256
@@ -60,6 +60,21 @@ def allowed(request: RouteRequest, backend: BackendState) -> bool:
     return not backend.context_window or request.prompt_tokens + request.max_tokens <= backend.context_window
 
 
+def _never_serves(request: RouteRequest, backend: BackendState) -> str | None:
+    """Why a healthy ``backend`` may never serve ``request``, whatever the load; ``None`` if it may (or only
+    a spent hosted budget keeps it out, which the gateway answers as a quota)."""
+    if backend.kind == "hosted" and not request.chat:
+        return "its hosted models serve /v1/chat/completions only"
+    if backend.kind == "hosted" and request.self_hosted_only:
+        return "this tenant's requests may not leave the self-hosted replicas"
+    if backend.context_window and request.prompt_tokens + request.max_tokens > backend.context_window:
+        return (
+            f"the prompt (~{request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceed "
+            f"{backend.name}'s context window ({backend.context_window} tokens)"
+        )
+    return None
+
+
 LOW_PRIORITY, HIGH_PRIORITY = 0, 2
 
 
@@ -79,6 +94,9 @@ class HybridPolicy:
     def decide(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
         candidates = [b for b in snapshot.backends if allowed(request, b)]
         if not candidates:
+            reasons = [_never_serves(request, b) for b in snapshot.backends if b.healthy]
+            if reasons and all(reasons):
+                raise Unservable("; ".join(dict.fromkeys(r for r in reasons if r)))
             raise NoCandidate(f"no healthy backend for route {request.route!r}")
         replica_decision, replicas = self._rank_replicas(request, candidates)
         hosted = sorted(

@@ -112,6 +112,11 @@ class NoCandidate(Exception):
     """No backend passes the filters; the gateway answers 503."""
 
 
+class Unservable(NoCandidate):
+    """Healthy backends exist, but none may ever serve this request (its endpoint, its tenant's residency, its
+    length): the client's to change, not a wait."""
+
+
 class OverCapacity(Exception):
     """Candidates exist but none can meet the SLO and the route says to refuse: the gateway answers 429."""
 

@@ -6,7 +6,7 @@ import pytest
 
 from policies.registry import build_policy
 from policies.spill import HybridPolicy
-from policies.types import BackendState, OverCapacity, RouteRequest, Snapshot
+from policies.types import BackendState, NoCandidate, OverCapacity, RouteRequest, Snapshot, Unservable
 
 SLO = 1.0
 
@@ -132,3 +132,20 @@ def test_a_hosted_only_route_below_the_tier_serves_best_effort() -> None:
     snapshot = Snapshot((hosted("small", tier=1, price_out=2.0), hosted("mid", tier=1, price_out=4.0)))
     decision = policy().decide(request(required_tier=2), snapshot)
     assert (decision.backend, decision.ranked) == ("small", ("small", "mid"))
+
+
+def test_no_healthy_backend_is_a_wait_but_one_that_may_never_serve_is_the_clients_to_change() -> None:
+    hosted_only = Snapshot((hosted("frontier"),))
+    with pytest.raises(Unservable, match="/v1/chat/completions only"):
+        policy().decide(request(chat=False), hosted_only)
+    with pytest.raises(Unservable, match="may not leave the self-hosted replicas"):
+        policy().decide(request(self_hosted_only=True), hosted_only)
+    with pytest.raises(Unservable, match="context window"):
+        policy().decide(request(prompt_tokens=300_000), IDLE)
+    down = Snapshot((replica("r0", healthy=False), hosted("frontier")._replace(healthy=False)))
+    with pytest.raises(NoCandidate) as waited:
+        policy().decide(request(chat=False), down)
+    assert not isinstance(waited.value, Unservable), "nothing healthy: a wait, answered 503 with Retry-After"
+    with pytest.raises(NoCandidate) as budget:
+        policy().decide(request(hosted_allowed=False), hosted_only)
+    assert not isinstance(budget.value, Unservable), "a spent hosted budget is a quota, not the request's fault"
