@@ -95,6 +95,7 @@ def _common(
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise _invalid("stream_options.include_usage", "'include_usage' must be a boolean.")
+    _check_response_format(payload.get("response_format"))
     for name in _NUMBER_FIELDS:
         value = payload.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -127,6 +128,25 @@ def _common(
         choices=choices,
         body_bytes=body_bytes,
     )
+
+
+_RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
+"""OpenAI's response formats, and SGLang's ``structural_tag``."""
+
+
+def _check_response_format(value: object) -> None:
+    """Refused here with its field named: a hosted provider's SDK would reject it only after routing, as a
+    provider error."""
+    if value is None:
+        return
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in _RESPONSE_FORMATS:
+        raise _invalid(
+            "response_format",
+            f"'response_format' must be an object whose 'type' is one of {', '.join(_RESPONSE_FORMATS)}.",
+        )
+    if kind == "json_schema" and not isinstance(value.get("json_schema"), dict):
+        raise _invalid("response_format.json_schema", "A 'json_schema' response format needs a 'json_schema' object.")
 
 
 def _message_chars(message: object, where: str) -> int:
