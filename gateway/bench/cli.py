@@ -184,6 +184,10 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        # Checked before the run: its figures must not be lost at the end.
+        print(f"spillgate bench: --json {args.json}: not a file in an existing directory", file=sys.stderr)
+        return 2
     progress = None if args.no_progress or not sys.stderr.isatty() else Progress(sys.stderr)
     try:
         result = _run(config, progress)
@@ -195,8 +199,17 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(format_table(result))
     if args.json is not None:
-        args.json.write_bytes(orjson.dumps(to_json(result), option=orjson.OPT_INDENT_2) + b"\n")
-    return 130 if result.interrupted else 0
+        try:
+            args.json.write_bytes(orjson.dumps(to_json(result), option=orjson.OPT_INDENT_2) + b"\n")
+        except OSError as exc:
+            print(f"spillgate bench: cannot write --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+    if result.interrupted:
+        return 130
+    if all(level.summary.completed == 0 for level in result.levels):
+        print("spillgate bench: no request succeeded (see the errors above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _run(config: BenchConfig, progress: Progress | None) -> BenchResult:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,9 +131,15 @@ class BenchConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that cannot work."""
+        numbers = (self.rate, self.capacity_rps, self.duration_s, self.warmup_s, self.trace_speedup)
+        numbers += (self.request_timeout_s, self.connect_timeout_s, self.slo_ttft_ms, self.slo_tpot_ms)
+        if any(value is not None and not math.isfinite(value) for value in numbers):
+            raise ValueError("rates, durations, timeouts and SLOs must be finite numbers")
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--url must be an http(s) URL, got {url!r}")
+            if not _valid_port(url):
+                raise ValueError(f"--url has an invalid port: {url!r}")
         if self.workload not in WORKLOADS and not self.trace_path:
             raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)} or trace:PATH, got {self.workload!r}")
         shapes = [self.rate is not None, self.rate_schedule is not None, bool(self.concurrency)]
@@ -167,6 +174,8 @@ class BenchConfig:
             raise ValueError("--trace-speedup must be positive")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.slo_ttft_ms <= 0 or self.slo_tpot_ms <= 0:
+            raise ValueError("--slo-ttft-ms and --slo-tpot-ms must be positive")
         for knobs in (self.gsp, self.chat, self.agent):
             for knob in dataclasses.fields(knobs):
                 value = getattr(knobs, knob.name)
@@ -196,3 +205,12 @@ class BenchConfig:
             data["session_script"] = f"{len(self.session_script)} turns"
         data["mode"] = self.mode
         return data
+
+
+def _valid_port(url: str) -> bool:
+    """Whether ``url``'s port, if it names one, is a number from 0 to 65535."""
+    try:
+        urllib.parse.urlsplit(url).port  # noqa: B018  (raises ValueError on a bad one)
+    except ValueError:
+        return False
+    return True

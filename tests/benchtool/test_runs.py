@@ -231,6 +231,30 @@ def test_cli_sweep_end_to_end_with_json(replicas: list[RunningProcess], tmp_path
     assert bad.returncode == 2 and "--concurrency" in bad.stderr
 
 
+def test_cli_refuses_what_cannot_work_and_fails_a_run_with_no_answer(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    base = [sys.executable, "-m", "gateway.cli", "bench", "--no-progress", "--model", "m", "--workload", "gsp"]
+    small = ["--gsp-groups", "1", "--gsp-prompts-per-group", "2", "--concurrency", "1"]
+
+    def bench(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+    for bad, says in [
+        (["--url", dead, "--rate", "nan"], "finite"),
+        (["--url", dead, *small, "--duration", "nan"], "finite"),
+        (["--url", dead, *small, "--slo-ttft-ms", "-1"], "--slo-ttft-ms"),
+        (["--url", "http://127.0.0.1:99999", *small], "invalid port"),
+        (["--url", dead, *small, "--json", str(tmp_path / "missing" / "out.json")], "existing directory"),
+        (["--url", dead, *small, "--json", str(tmp_path)], "existing directory"),
+    ]:
+        done = bench(*bad)
+        assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, (bad, done.stderr)
+    # Every request failed (nothing listens there): the report is printed, and the exit status says so.
+    done = bench("--url", dead, *small, "--json", str(tmp_path / "out.json"))
+    assert done.returncode == 1 and "no request succeeded" in done.stderr, done.stderr
+    assert json.loads((tmp_path / "out.json").read_text())["levels"][0]["requests"]["failed"] == 2
+
+
 def running_requests(replica: RunningProcess) -> float:
     metrics = httpx.get(replica.url + "/metrics", timeout=5).text
     line = next(line for line in metrics.splitlines() if line.startswith("sglang:num_running_reqs"))
