@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from backends.hosted import HostedModel, PriceOverride
 from backends.prefill_rate import PrefillRateEstimator
 from backends.registry import Backend
-from gateway.config import GatewayConfig, HostedModelConfig, PoolConfig
+from gateway.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
 from gateway.routes import Route, build_routes
 from gateway.secrets import resolve_secret
 from gateway.tenants import TenantDirectory
@@ -106,8 +106,15 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
     """Hosted models with resolved keys and prices; loads litellm (seconds) only when there are any."""
     if not config.hosted_models:
         return {}
-    import backends.hosted.client  # noqa: F401  (litellm, offline, at start-up rather than on a request)
+    from backends.hosted.client import provider_of  # litellm, offline, at start-up rather than on a request
 
+    unknown = [
+        (f"hosted_models.{i}.model", f"litellm knows no provider for {hosted.model!r} (e.g. openai/gpt-4o)")
+        for i, hosted in enumerate(config.hosted_models)
+        if provider_of(hosted.model) is None
+    ]
+    if unknown:
+        raise ConfigError("; ".join(f"{path}: {message}" for path, message in unknown), unknown)
     models = {}
     for hosted in config.hosted_models:
         override = PriceOverride(hosted.input_per_mtok, hosted.output_per_mtok, hosted.cached_input_per_mtok)

@@ -21,7 +21,7 @@ import yaml
 
 from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.config_history import ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
+from gateway.config_history import REDACTED, ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
 from gateway.secrets import MissingSecret
 from gateway.tasks import stop_if_cancelled
 from gateway.tenants import resolve_key
@@ -49,8 +49,15 @@ class LiveConfig:
         self._lock = asyncio.Lock()
         self._file_sha = file_digest(path.read_text()) if path else None
         self._startup_raw = raw
+        self._started = state.config
+        """The config this process started with: its simulated backends are the ones running, whatever version
+        runs now, so a version may drop them and a later one bring them back."""
         self._running_raw = raw
         """The running config with its secrets: kept in memory only; versions store it redacted."""
+        self._hosted_keys: dict[str, object] = {}
+        """The latest provider key each hosted model had in a version this process ran (in memory only): a
+        rollback to a version whose model a later one removed gets its key back from here."""
+        self._remember_keys(raw)
         self.current = ConfigVersion(0, 0.0, "startup", redact(raw), ())
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -75,7 +82,7 @@ class LiveConfig:
             if isinstance(raw, dict):
                 # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
                 kept = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
-                raw = kept | unredact(raw, self._running_raw)
+                raw = kept | self._unredact(raw)
             config = self._validate(raw)
             if keeping_admin is not None and keeping_admin not in admin_digests(config):
                 problem = (
@@ -102,7 +109,7 @@ class LiveConfig:
 
     def _validate(self, raw: object) -> GatewayConfig:
         config = parse_config(raw, source="config")
-        problems = restart_problems(self._state.config, config)
+        problems = restart_problems(self._started, config)
         if problems:
             raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
         return config
@@ -118,10 +125,32 @@ class LiveConfig:
         except MissingSecret as exc:
             raise ConfigError(f"config: {exc}", [("(config)", str(exc))]) from None
         self._state.apply(catalog)
+        self._remember_keys(raw)
         if record:
             self._history.append(version)
         self.current = version
         self._running_raw = raw
+
+    def _remember_keys(self, raw: dict[str, Any]) -> None:
+        for hosted in raw.get("hosted_models") or []:
+            if isinstance(hosted, dict) and hosted.get("api_key") not in (None, REDACTED):
+                self._hosted_keys[str(hosted.get("name"))] = hosted["api_key"]
+
+    def _unredact(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """``raw`` with the secrets a GET redacted put back; :class:`ConfigError` for a provider key this
+        process never had (rather than a model without its key, failing every request)."""
+        known = {"hosted_models": [{"name": n, "api_key": k} for n, k in self._hosted_keys.items()]}
+        restored = unredact(raw, known | {"state": self._running_raw.get("state")})
+        problems = [
+            (f"hosted_models.{i}.api_key", "redacted, and this gateway does not know its key: send the key again")
+            for i, hosted in enumerate(raw.get("hosted_models") or [])
+            if isinstance(hosted, dict)
+            and hosted.get("api_key") == REDACTED
+            and str(hosted.get("name")) not in self._hosted_keys
+        ]
+        if problems:
+            raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
+        return restored
 
     # -- start-up, the file and other processes ------------------------------------------------------------
 
@@ -243,9 +272,9 @@ class LiveConfig:
         # Start-up settings belong to each process (its own listen address and data directory).
         local = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
         shared = {key: value for key, value in fleet.raw.items() if key not in _RESTART_ONLY}
-        raw = unredact(shared, self._running_raw) | local
-        version = ConfigVersion(number, fleet.applied_at, fleet.author, redact(raw), fleet.diff, self._file_sha)
         try:
+            raw = self._unredact(shared) | local
+            version = ConfigVersion(number, fleet.applied_at, fleet.author, redact(raw), fleet.diff, self._file_sha)
             self._apply(self._validate(raw), version, raw)
         except ConfigError as exc:
             self._refused = number

@@ -107,3 +107,12 @@ async def complete(model: HostedModel, payload: Mapping[str, Any]) -> HostedComp
     usage = usage_from(raw.get("usage"))
     body = orjson.dumps(completion_json(raw, usage))
     return HostedCompletion(body=body, usage=usage, cost_usd=cost_of(usage, model.price))
+
+
+def provider_of(model: str) -> str | None:
+    """The litellm provider that serves ``model`` (``openai/gpt-4o``, ``anthropic/...``, a bare known name),
+    or ``None`` when litellm knows none: refused in the config rather than on every request."""
+    try:
+        return str(litellm.get_llm_provider(model)[1])
+    except Exception:  # litellm raises its BadRequestError, and others, for a model it cannot place
+        return None

@@ -329,3 +329,56 @@ def test_every_process_applies_the_same_version_through_redis(
     finally:
         for proc in gateways:
             proc.stop()
+
+
+def test_a_version_that_dropped_a_simulated_backend_can_be_rolled_back(tmp_path: Path) -> None:
+    # Simulators start with the process and keep running whatever version runs: a version may leave one out,
+    # and a later one (or a rollback) bring it back.
+    config = {
+        "pools": [
+            {"name": "sims", "served_model": "m", "simulated": {"count": 1, "time_scale": 0.05}},
+        ],
+        "hosted_models": [
+            {
+                "name": "frontier",
+                "model": "openai/frontier-large",
+                "api_key": "sk-simulated",
+                "input_per_mtok": 3,
+                "output_per_mtok": 15,
+                "simulated": {"ttft_ms": 10, "tpot_ms": 1},
+            }
+        ],
+        "routes": [{"name": "chat", "targets": ["sims"]}, {"name": "frontier", "targets": ["frontier"]}],
+        "tenants": [{"name": "tenant-a", "keys": [TENANT_KEY]}],
+        "admin": {"keys": [ADMIN_KEY]},
+        "state": {"data_dir": str(tmp_path / "data")},
+    }
+    path = tmp_path / "spillgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = serve(path, tmp_path)
+    try:
+        reduced = copy.deepcopy(current(proc)["config"])
+        reduced["hosted_models"] = []
+        reduced["routes"] = [route for route in reduced["routes"] if route["name"] != "frontier"]
+        assert put(proc, reduced).status_code == 200
+        rollback = httpx.post(proc.url + "/admin/config/rollback/1", headers=ADMIN, timeout=30)
+        assert rollback.status_code == 200, rollback.text
+        assert backend_of(proc, "frontier") == "frontier"
+        # Still refused: a simulator this process did not start, or started otherwise.
+        changed = copy.deepcopy(current(proc)["config"])
+        changed["pools"][0]["simulated"]["count"] = 2
+        refused = put(proc, changed)
+        assert refused.status_code == 422 and refused.json()["problems"][0]["path"] == "pools.0.simulated"
+        # A model litellm cannot place is the operator's mistake: refused here, not blamed on every client.
+        changed = copy.deepcopy(current(proc)["config"])
+        changed["hosted_models"][0]["model"] = "nosuchprovider/x"
+        refused = put(proc, changed)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["problems"] == [
+            {
+                "path": "hosted_models.0.model",
+                "message": "litellm knows no provider for 'nosuchprovider/x' (e.g. openai/gpt-4o)",
+            }
+        ]
+    finally:
+        proc.stop()
