@@ -150,6 +150,9 @@ def build_control_app(state: GatewayState) -> FastAPI:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "no healthy backend"}, status_code=503)
 
+    def model_entry(name: str) -> dict[str, object]:
+        return {"id": name, "object": "model", "created": started, "owned_by": "spillgate"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, object]:
         tenant = state.tenants.authenticate(request.headers.get("authorization"))
@@ -159,8 +162,17 @@ def build_control_app(state: GatewayState) -> FastAPI:
             if route.name in seen or not tenant.may_use(route.name):
                 continue
             seen.add(route.name)
-            data.append({"id": name, "object": "model", "created": started, "owned_by": "spillgate"})
+            data.append(model_entry(name))
         return {"object": "list", "data": data}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> dict[str, object]:
+        """One route by any of its names (``client.models.retrieve``), if the caller may use it."""
+        tenant = state.tenants.authenticate(request.headers.get("authorization"))
+        route = state.routes.get(model)
+        if route is None or not tenant.may_use(route.name):
+            raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        return model_entry(model)
 
     @app.get("/metrics")
     async def metrics() -> Response:

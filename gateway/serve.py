@@ -23,9 +23,20 @@ from gateway.supervisor import ChildProcesses
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEMO_CONFIG_PATH})")
     parser.add_argument("--host", default=None, help="listen address (overrides listen.host)")
-    parser.add_argument("--port", type=int, default=None, help="listen port (overrides listen.port)")
+    parser.add_argument("--port", type=listen_port, default=None, help="listen port (overrides listen.port)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(handler=run)
+
+
+def listen_port(text: str) -> int:
+    """A TCP port from 1 to 65535, for argparse: an out-of-range one must not quietly become another."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, got {port}")
+    return port
 
 
 def run(args: argparse.Namespace) -> int:

@@ -56,6 +56,13 @@ def assert_openai_error(response: httpx.Response, status: int, *, param: str | N
         ({"model": "chat", "messages": HELLO, "max_tokens": -3}, 422, "max_tokens"),
         ({"model": "chat", "messages": HELLO, "max_tokens": 10**9}, 422, "max_tokens"),
         ({"model": "chat", "messages": HELLO, "temperature": "hot"}, 422, "temperature"),
+        ({"model": "chat", "messages": HELLO, "response_format": "json"}, 422, "response_format"),
+        ({"model": "chat", "messages": HELLO, "response_format": {"type": "xml"}}, 422, "response_format"),
+        (
+            {"model": "chat", "messages": HELLO, "response_format": {"type": "json_schema"}},
+            422,
+            "response_format.json_schema",
+        ),
         ({"model": 5, "messages": HELLO}, 422, "model"),
         ({"model": "no-such-model", "messages": HELLO}, 404, "model"),
         ([1, 2, 3], 400, None),
@@ -68,6 +75,12 @@ def test_invalid_requests(gateway: RunningProcess, payload: object, status: int,
 def test_completions_need_a_prompt(gateway: RunningProcess) -> None:
     assert_openai_error(post(gateway, {"model": "chat"}, path="/v1/completions"), 422, param="prompt")
     assert_openai_error(post(gateway, {"model": "chat", "prompt": [1.5]}, path="/v1/completions"), 422, param="prompt")
+
+
+def test_a_replica_refusal_reaches_the_client_with_its_reason(gateway: RunningProcess) -> None:
+    # SGLang writes its errors flat ({"object": "error", "message": ...}): rewrapped, the reason is kept.
+    error = assert_openai_error(post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2, "n": 2}), 400)
+    assert error["message"].startswith("Backend pool-") and "n=1" in error["message"]
 
 
 def test_malformed_json(gateway: RunningProcess) -> None:
@@ -90,6 +103,9 @@ def test_keys_and_route_permissions(gateway: RunningProcess) -> None:
 
 def test_openai_client_raises_typed_errors(gateway: RunningProcess) -> None:
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    assert client.models.retrieve("chat").id == "chat"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=HELLO)
     with pytest.raises(openai.UnprocessableEntityError):

@@ -182,3 +182,14 @@ def test_a_stream_the_client_abandons_is_still_paid_for(setup: RunningProcess) -
     today = httpx.get(setup.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
     assert today["usd"] - spent_before["usd"] >= worst_output_usd
     assert spend_metric(setup, "oai") - metric_before == pytest.approx(today["usd"] - spent_before["usd"])
+
+
+def test_a_request_no_backend_of_the_route_may_ever_serve_is_a_400(setup: RunningProcess) -> None:
+    # Hosted models take chat completions only: a completions request to a hosted-only route is the client's
+    # to change, not an outage to retry (503 with Retry-After sends SDKs into retries).
+    body = {"model": "oai", "prompt": "hi", "max_tokens": 4}
+    response = httpx.post(setup.url + "/v1/completions", json=body, headers=AUTH, timeout=10)
+    assert response.status_code == 400, response.text
+    assert "retry-after" not in response.headers
+    error = response.json()["error"]
+    assert error["code"] == "unservable_request" and "/v1/chat/completions only" in error["message"]

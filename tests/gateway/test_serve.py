@@ -71,6 +71,15 @@ def test_unknown_target_and_missing_file(tmp_path: Path) -> None:
     assert result.returncode == 2 and "ghost" in result.stderr
     result = run_serve(tmp_path / "absent.yaml")
     assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
+    for port in ("99999", "-1", "http"):
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", "--port", port],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and "--port" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_an_unreadable_tokenizer_fails_fast(tmp_path: Path) -> None:
