@@ -65,7 +65,10 @@ def book_ledger(
         return
     usage = attempt.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    prompt_used = prompt if isinstance(prompt, int) else parsed.prompt_tokens
+    if isinstance(prompt, int):
+        prompt_used = prompt
+    else:  # a backend that refused the request (a 4xx) processed none of it
+        prompt_used = 0 if attempt.outcome == "client_error" else parsed.prompt_tokens
     cost = attempt.cost_usd if attempt.cost_usd is not None else _unknown_cost(attempt, prompt_used)
     entry = LedgerEntry(
         request_id=attempt.request_id,

@@ -79,8 +79,17 @@ def test_completions_need_a_prompt(gateway: RunningProcess) -> None:
 
 def test_a_replica_refusal_reaches_the_client_with_its_reason(gateway: RunningProcess) -> None:
     # SGLang writes its errors flat ({"object": "error", "message": ...}): rewrapped, the reason is kept.
+    before = httpx.get(gateway.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
     error = assert_openai_error(post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2, "n": 2}), 400)
     assert error["message"].startswith("Backend pool-") and "n=1" in error["message"]
+    # Booked (it reached a backend), with none of its prompt: the replica processed none of it.
+    deadline = time.monotonic() + 10
+    while (today := httpx.get(gateway.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"])[
+        "requests"
+    ] == before["requests"]:
+        assert time.monotonic() < deadline, "the refused request was never booked"
+        time.sleep(0.1)
+    assert today["requests"] == before["requests"] + 1 and today["prompt_tokens"] == before["prompt_tokens"]
 
 
 def test_malformed_json(gateway: RunningProcess) -> None:
