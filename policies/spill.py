@@ -170,6 +170,8 @@ class HybridPolicy:
                 return "residency"
             if not request.hosted_allowed:
                 return "budget"
+            if not request.chat:
+                return "endpoint"
         return otherwise
 
 

@@ -149,3 +149,9 @@ def test_no_healthy_backend_is_a_wait_but_one_that_may_never_serve_is_the_client
     with pytest.raises(NoCandidate) as budget:
         policy().decide(request(hosted_allowed=False), hosted_only)
     assert not isinstance(budget.value, Unservable), "a spent hosted budget is a quota, not the request's fault"
+
+
+def test_a_completions_request_that_needs_the_hosted_tier_says_why_it_stays() -> None:
+    decision = policy().decide(request(chat=False, required_tier=2), IDLE)
+    assert decision.backend.startswith("r") and decision.reason == "endpoint"
+    assert "frontier" not in decision.ranked
