@@ -113,7 +113,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
         param = ".".join(str(p) for p in first["loc"][1:]) or None
         return Response(error_body(422, first["msg"], param=param), status_code=422, media_type="application/json")
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, object]:
         """Liveness: the process answers. Backend states are included for operators."""
         now = time.monotonic()
@@ -143,7 +143,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
             health["config_version"] = state.live.current.version
         return health
 
-    @app.get("/ready")
+    @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready() -> Response:
         """Readiness: 200 only while at least one backend is healthy."""
         if state.registry.any_healthy():

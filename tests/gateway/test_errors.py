@@ -126,6 +126,10 @@ def test_openai_client_raises_typed_errors(gateway: RunningProcess) -> None:
 def test_unknown_path_and_method(gateway: RunningProcess) -> None:
     assert_openai_error(httpx.get(gateway.url + "/v1/nothing-here"), 404)
     assert_openai_error(httpx.get(gateway.url + "/v1/chat/completions", headers=AUTH), 405)
+    # Load balancers probe with HEAD.
+    for path in ("/health", "/ready"):
+        probe = httpx.head(gateway.url + path)
+        assert probe.status_code == 200 and probe.content == b""
 
 
 def test_dead_backend_is_502_then_503(tmp_path: Path) -> None:
