@@ -50,12 +50,22 @@ class PrefillRateEstimator:
         self._alone: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
         self._drains: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
 
-    def observe(self, ahead_tokens: int, own_tokens: int, ttft_s: float, drain_s: float | None = None) -> None:
+    def observe(
+        self,
+        ahead_tokens: int,
+        own_tokens: int,
+        ttft_s: float,
+        drain_s: float | None = None,
+        *,
+        drained_tokens: int | None = None,
+    ) -> None:
         """One request: the uncached tokens the gateway had in prefill ahead of it when it was sent, its own
         uncached tokens, and its TTFT from being sent. ``drain_s``: when it was waiting as its replica's previous
-        first token came back, the seconds from then to its own."""
+        first token came back, the seconds from then to its own, in which the replica prefilled
+        ``drained_tokens`` (its own, by default; with other gateway processes, theirs of that time too)."""
+        drained = own_tokens if drained_tokens is None else drained_tokens
         if drain_s is not None and own_tokens > 0 and drain_s > 0:
-            self._drains.append((float(own_tokens), drain_s))
+            self._drains.append((float(drained), drain_s))
         uncached_tokens = ahead_tokens + own_tokens
         if uncached_tokens <= 0 or ttft_s <= 0:
             return

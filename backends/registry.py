@@ -65,7 +65,21 @@ class Backend:
     """...which started then (``time.monotonic``): what it has computed since is counted as done."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     external_load: int = 0
-    """What the last scrape showed beyond the gateway's own in-flight requests (see ``BackendState``)."""
+    """What the last scrape showed beyond the gateway's requests in flight, its other processes' included
+    (see ``BackendState``)."""
+    prefilled_tokens: int = 0
+    """Uncached prompt tokens of this process's streamed requests whose first token came back: a running total
+    the other gateway processes read (:mod:`gateway.peer_load`)."""
+    peer_in_flight: int = 0
+    """The other gateway processes' requests in flight here, as they last said (:mod:`gateway.peer_load`)..."""
+    peer_pending_prefill_tokens: int = 0
+    """...their uncached prompt tokens not yet past the first token..."""
+    peer_outstanding_tokens: int = 0
+    """...their output tokens still to come..."""
+    peer_prefilled_tokens: int = 0
+    """...and the uncached prompt tokens their requests here have had prefilled, a running total."""
+    peer_prefilled_at_first_token: int = 0
+    """``peer_prefilled_tokens`` when this process's latest first token came back from here."""
     max_total_tokens: int = 0
     last_error: str = ""
     prefill: PrefillRateEstimator = field(init=False)
@@ -79,11 +93,20 @@ class Backend:
             headers.append((b"authorization", f"Bearer {self.api_key}".encode()))
         self.request_headers = tuple(headers)
 
-    def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
-        load = self.load
+    def own_pending_prefill(self, now: float) -> int:
+        """This process's uncached tokens here not yet computed: those before their first token, less what the
+        batch under way has computed since it started (counted whole, a short queue behind a batch looks 1.5x
+        as long)."""
         pending = self.pending_prefill_tokens
         if self.running_prefill_tokens:
-            # A batch under way is partly computed: counted whole, a short queue behind it looks 1.5x as long.
+            done = (now - self.running_prefill_since) * self.prefill.rate
+            pending -= min(self.running_prefill_tokens, int(done))
+        return pending
+
+    def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
+        load = self.load
+        pending = self.pending_prefill_tokens + self.peer_pending_prefill_tokens
+        if self.running_prefill_tokens:  # own_pending_prefill, inlined: this runs per candidate per request
             done = (now - self.running_prefill_since) * self.prefill.rate
             pending -= min(self.running_prefill_tokens, int(done))
         # Built once per candidate per request: positional, in BackendState's field order, through tuple.__new__
@@ -94,7 +117,7 @@ class Backend:
                 self.name,
                 self.kind,
                 self.healthy and now >= self.unhealthy_until,
-                self.in_flight,
+                self.in_flight + self.peer_in_flight,
                 load.running,
                 load.queued,
                 load.token_usage,
@@ -111,7 +134,7 @@ class Backend:
                 self.tpot_s,
                 self.usd_per_mtok_in,
                 self.usd_per_mtok_out,
-                self.outstanding_tokens,
+                self.outstanding_tokens + self.peer_outstanding_tokens,
                 self.prefill.overhead_s,
                 self.external_load,
             ),
@@ -228,7 +251,8 @@ class BackendRegistry:
                 load = parse_replica_load(metrics.text)
                 restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
                 backend.load = load
-                backend.external_load = max(0, load.running + load.queued - backend.in_flight)
+                ours = backend.in_flight + backend.peer_in_flight
+                backend.external_load = max(0, load.running + load.queued - ours)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
                 backend.max_total_tokens = 0  # read again: a new process may have another capacity

@@ -121,6 +121,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
             b.name: {
                 "healthy": b.state(now).healthy,
                 "in_flight": b.in_flight,
+                "peer_in_flight": b.peer_in_flight,
                 "prefill_tokens_per_s": round(b.prefill.rate),
                 "prefill_overhead_ms": round(b.prefill.overhead_s * 1000, 2),
                 "max_running": b.max_running,
@@ -135,6 +136,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
         if state.prefix.shared is not None:
             health["redis"] = "unreachable" if degraded["prefix_index"] else "connected"
             health["accounting"] = "degraded" if degraded["accounting"] else "ok"
+            if state.peer_load is not None:
+                health["peer_processes"] = state.peer_load.peers
         ledger = state.accountant.ledger
         health["ledger"] = f"failing: {ledger.queued} entries wait in memory" if degraded["ledger"] else "ok"
         if any(degraded.values()):

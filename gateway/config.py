@@ -267,6 +267,8 @@ class StateConfig(Strict):
     data_dir: str = Field(default=".spillgate", min_length=1, description="the cost ledger and config history")
     on_redis_outage: Literal["fail_open", "fail_closed"] = "fail_open"
     """While Redis is unreachable limits are enforced per process; ``fail_closed`` refuses instead."""
+    share_load_interval_s: float = Field(default=0.05, ge=0, le=10)
+    """With Redis, how often each process tells the others what it has in flight at each replica (0: never)."""
 
 
 class AuthConfig(Strict):

@@ -371,12 +371,17 @@ class CompletionsHandler:
         # Measured from here, behind what is booked there less this prompt and the prompts held behind it.
         held_tokens, held = prefilling.held(backend.name)
         ahead = backend.pending_prefill_tokens - held_tokens - attempt.pending_prefill
-        self._mark_sent(backend, attempt, ahead, backend.in_flight - 1 - held)
+        self._mark_sent(backend, attempt, ahead + backend.peer_pending_prefill_tokens, backend.in_flight - 1 - held)
 
     def _book(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, *, may_hold: bool = False) -> None:
         """Count the request against ``backend`` before it is sent, so concurrent decisions see it (also while
         the gateway holds it back, since it goes ahead of the requests decided after it)."""
-        self._mark_sent(backend, attempt, backend.pending_prefill_tokens, backend.in_flight)
+        self._mark_sent(
+            backend,
+            attempt,
+            backend.pending_prefill_tokens + backend.peer_pending_prefill_tokens,
+            backend.in_flight + backend.peer_in_flight,
+        )
         backend.in_flight += 1
         attempt.booked_tokens = parsed.max_tokens or _ASSUMED_OUTPUT_TOKENS
         backend.outstanding_tokens += attempt.booked_tokens
@@ -409,6 +414,7 @@ class CompletionsHandler:
         now = attempt.first_token_at = time.perf_counter()
         if attempt.stream and backend.kind == "replica":
             _learn_prefill_rate(backend, attempt, now)
+            backend.prefilled_tokens += attempt.pending_prefill
         backend.pending_prefill_tokens -= attempt.pending_prefill
         attempt.pending_prefill = 0
         if attempt.lead is not None:
@@ -525,11 +531,21 @@ def _learn_prefill_rate(backend: Backend, attempt: Attempt, now: float) -> None:
     a burst while it lasts."""
     previous = backend.last_first_token_at
     backend.last_first_token_at = now
+    # Other gateway processes' requests prefilled here since the previous first token (gateway.peer_load).
+    peers_prefilled = backend.peer_prefilled_tokens - backend.peer_prefilled_at_first_token
+    backend.peer_prefilled_at_first_token = backend.peer_prefilled_tokens
     if attempt.prefill_ahead is None:
         return  # sent while every running slot was taken: its wait included other requests' decoding
-    # Waiting since before the previous first token: the replica worked on this one from then to now.
+    # Waiting since before the previous first token: the replica worked on this one (and whatever the other
+    # processes had prefilled meanwhile) from then to now.
     drain_s = now - previous if attempt.started < previous else None
-    backend.prefill.observe(attempt.prefill_ahead, attempt.pending_prefill, now - attempt.sent_at, drain_s)
+    backend.prefill.observe(
+        attempt.prefill_ahead,
+        attempt.pending_prefill,
+        now - attempt.sent_at,
+        drain_s,
+        drained_tokens=attempt.pending_prefill + peers_prefilled,
+    )
 
 
 def _usage_of(body: bytes) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from gateway.coalesce import PrefillsInFlight
 from gateway.config import ConfigError, GatewayConfig
 from gateway.live_config import LiveConfig
 from gateway.metrics import GatewayMetrics
+from gateway.peer_load import PeerLoad
 from gateway.prefix import PrefixTracker
 from gateway.routes import Route
 from gateway.secrets import resolve_secret
@@ -51,6 +52,8 @@ class GatewayState:
     accountant: Accountant = field(init=False)
     """Rate limits, budgets and the cost ledger; built by :meth:`start` (it may need Redis)."""
     _accounting_redis: aioredis.Redis | None = field(default=None, init=False)
+    peer_load: PeerLoad | None = field(default=None, init=False)
+    """With Redis: the other gateway processes' load at each replica, added to this one's."""
 
     @property
     def spend(self) -> LedgerSpend:
@@ -95,6 +98,15 @@ class GatewayState:
             stream = f"{self.config.state.key_prefix}:prefix-index"
             self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
             await self.prefix.shared.start()
+            if settings.share_load_interval_s > 0:
+                load_client = aioredis.from_url(resolve_secret(settings.redis_url), socket_timeout=2.0)
+                self.peer_load = PeerLoad(
+                    self.registry,
+                    load_client,
+                    key=f"{settings.key_prefix}:load",
+                    interval_s=settings.share_load_interval_s,
+                )
+                await self.peer_load.start()
         if self.live is not None:
             await self.live.start(client)
         await self.registry.start()
@@ -108,6 +120,8 @@ class GatewayState:
             await self._accounting_redis.aclose()
         if self.prefix.shared is not None:
             await self.prefix.shared.stop()
+        if self.peer_load is not None:
+            await self.peer_load.stop()
         self.upstream.close()
 
 

@@ -64,3 +64,18 @@ def test_a_prefix_learned_by_one_process_routes_the_other(gateways) -> None:
         assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 300
     # The control: a process that does not share the index knows nothing of these prefixes.
     assert {ask(alone, group, "third").headers["x-spillgate-reason"] for group in homes} == {"least_ttft"}
+
+
+def test_processes_sharing_redis_tell_each_other_their_load(gateways) -> None:
+    first, second, alone = gateways
+
+    def peers(gateway: RunningProcess) -> object:
+        return httpx.get(gateway.url + "/health").json().get("peer_processes")
+
+    deadline = time.monotonic() + 10
+    while (peers(first), peers(second)) != (1, 1):
+        assert time.monotonic() < deadline, "the two processes never counted each other"
+        time.sleep(0.1)
+    assert peers(alone) is None, "a process without Redis has no peers to hear from"
+    backends = httpx.get(second.url + "/health").json()["backends"]
+    assert all(b["peer_in_flight"] == 0 for b in backends.values()), "nothing is in flight anywhere"

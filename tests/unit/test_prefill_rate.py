@@ -88,3 +88,14 @@ def test_with_a_queue_the_overhead_comes_from_requests_that_found_none() -> None
         estimator.observe(0, tokens, 0.006 + 0.002 + tokens / 30_000)
     alone = estimator.overhead_s + 1000 / estimator.rate
     assert abs(alone - (0.008 + 1000 / 30_000)) < 0.004
+
+
+def test_other_processes_work_between_two_first_tokens_counts_in_the_drain() -> None:
+    # Two gateway processes share a replica draining 40k tokens/s: between two of this process's first tokens
+    # it also prefilled the other's 1,000-token prompt. Counting only its own, the rate would halve.
+    alone, told = PrefillRateEstimator(20_000), PrefillRateEstimator(20_000)
+    for _ in range(16):
+        alone.observe(2000, 1000, 0.1, drain_s=0.05)
+        told.observe(2000, 1000, 0.1, drain_s=0.05, drained_tokens=2000)
+    assert round(alone.rate) == 20_000
+    assert round(told.rate) == 40_000
