@@ -92,6 +92,8 @@ def _common(
     if options is not None:
         if not isinstance(options, dict):
             raise _invalid("stream_options", "'stream_options' must be an object.")
+        if not stream:
+            raise _invalid("stream_options", "'stream_options' is only allowed when 'stream' is true.")
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise _invalid("stream_options.include_usage", "'include_usage' must be a boolean.")
@@ -164,6 +166,8 @@ def _message_chars(message: object, where: str) -> int:
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise _invalid(f"{where}.content[{index}]", "Each content part must be an object with a 'type'.")
             text = part.get("text")
+            if part["type"] == "text" and not isinstance(text, str):
+                raise _invalid(f"{where}.content[{index}].text", "A 'text' content part needs a 'text' string.")
             chars += len(text) if isinstance(text, str) else _NON_TEXT_PART_CHARS
         return chars
     raise _invalid(f"{where}.content", f"'{where}.content' must be a string or an array of content parts.")

@@ -57,6 +57,12 @@ def assert_openai_error(response: httpx.Response, status: int, *, param: str | N
         ({"model": "chat", "messages": HELLO, "max_tokens": 10**9}, 422, "max_tokens"),
         ({"model": "chat", "messages": HELLO, "temperature": "hot"}, 422, "temperature"),
         ({"model": "chat", "messages": HELLO, "response_format": "json"}, 422, "response_format"),
+        ({"model": "chat", "messages": HELLO, "stream_options": {"include_usage": True}}, 422, "stream_options"),
+        (
+            {"model": "chat", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            422,
+            "messages[0].content[0].text",
+        ),
         ({"model": "chat", "messages": HELLO, "response_format": {"type": "xml"}}, 422, "response_format"),
         (
             {"model": "chat", "messages": HELLO, "response_format": {"type": "json_schema"}},
