@@ -20,13 +20,13 @@ MAX_POINTS = 1440
 
 def dashboard_router(state: GatewayState) -> APIRouter:
     """Routes of the dashboard page, its assets and its data."""
-    router = APIRouter(include_in_schema=False)
+    router = APIRouter()
 
-    @router.get("/dashboard")
+    @router.get("/dashboard", include_in_schema=False)
     async def page() -> Response:
         return asset_response("index.html")
 
-    @router.get("/dashboard/static/{name}")
+    @router.get("/dashboard/static/{name}", include_in_schema=False)
     async def asset(name: str) -> Response:
         return asset_response(name)
 
@@ -36,6 +36,7 @@ def dashboard_router(state: GatewayState) -> APIRouter:
         window_s: int = Query(3600, ge=60, le=31 * 86400),
         bucket_s: int = Query(60, ge=60, le=86400, multiple_of=60, description="whole minutes, as the ledger keeps"),
     ) -> Response:
+        """What the dashboard draws, for the caller's key: an admin's covers every tenant, a tenant's its own."""
         viewer = state.tenants.authenticate_any(request.headers.get("authorization"))
         if window_s / bucket_s > MAX_POINTS:
             raise ApiError(422, f"window_s / bucket_s must be at most {MAX_POINTS}", param="bucket_s")
