@@ -1,4 +1,5 @@
-"""Serving a request on a hosted model through litellm, relayed in OpenAI's format whatever the provider.
+"""Serving a request on a hosted model, relayed in OpenAI's format whatever the provider: through litellm, or
+straight for the streams of OpenAI-compatible providers (:mod:`backends.hosted.direct`).
 
 A failure before the client saw a byte becomes :class:`~gateway.exchange.TryElsewhere`, so the gateway
 can fall back to another candidate (replicas or another provider); a failure mid-stream is reported
@@ -9,6 +10,8 @@ in-band, as OpenAI does. Provider keys never reach the client: error messages co
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import httpx
 
 from backends.hosted import HostedCompletion, HostedError, HostedModel
 from backends.registry import Backend
@@ -29,6 +32,10 @@ _STATUS = {
 
 
 class HostedRelay:
+    def __init__(self, http: httpx.AsyncClient | None = None) -> None:
+        self._http = http
+        """For the streams of OpenAI-compatible providers, relayed without litellm; None: all through litellm."""
+
     async def serve(
         self,
         model: HostedModel,
@@ -41,7 +48,7 @@ class HostedRelay:
         from backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
 
         try:
-            result = await complete(model, parsed.payload)
+            result = await complete(model, parsed.payload, http=self._http)
         except HostedError as exc:
             raise _try_elsewhere(exc, backend.name) from None
         if isinstance(result, HostedCompletion):

@@ -84,7 +84,7 @@ class CompletionsHandler:
 
     def __init__(self, state: GatewayState, upstream_path: str) -> None:
         self._state = state
-        self._hosted = HostedRelay()
+        self._hosted = HostedRelay(state.hosted_http)
         self._upstream_path = upstream_path
         self._chat = upstream_path.endswith("chat/completions")
         self._parse = parse_chat_request if self._chat else parse_completion_request

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import redis.asyncio as aioredis
 from tokenizers import Tokenizer
 
@@ -28,6 +29,8 @@ from gateway.spend_view import LedgerSpend
 from gateway.tenants import TenantDirectory
 from policies.complexity import ComplexityClassifier
 
+_HOSTED_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""Streams to hosted providers at once: a burst spills hundreds (httpx's default pool stops at 100)."""
 _ASSUMED_KV_TOKENS = 200_000
 """Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""
 
@@ -46,6 +49,8 @@ class GatewayState:
     prefilling: PrefillsInFlight = field(default_factory=PrefillsInFlight)
     """Prefix blocks each replica is computing now, for requests that share them to wait for."""
     hosted_models: Mapping[str, HostedModel] = field(default_factory=dict)
+    hosted_http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(limits=_HOSTED_LIMITS))
+    """Connections to hosted providers for the streams relayed without litellm (:mod:`backends.hosted.direct`)."""
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
@@ -123,6 +128,7 @@ class GatewayState:
         if self.peer_load is not None:
             await self.peer_load.stop()
         self.upstream.close()
+        await self.hosted_http.aclose()
 
 
 def build_state(

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
+from backends.hosted.direct import open_stream, relays_directly
 from backends.hosted.errors import classify, silence
 from backends.hosted.model import HostedModel
 from backends.hosted.openai_format import completion_json, usage_from
@@ -86,16 +87,24 @@ def _wants_usage(payload: Mapping[str, Any]) -> bool:
     return isinstance(options, Mapping) and bool(options.get("include_usage"))
 
 
-async def complete(model: HostedModel, payload: Mapping[str, Any]) -> HostedCompletion | HostedStream:
+async def complete(
+    model: HostedModel, payload: Mapping[str, Any], *, http: httpx.AsyncClient | None = None
+) -> HostedCompletion | HostedStream:
     """Send ``payload`` (an OpenAI chat-completion body) to ``model``; raises HostedError.
 
     A streaming request returns as soon as the provider has answered with headers; the HostedStream
     then yields its events as they come (iterate it to the end or ``aclose()`` it). The cost is known
-    only for a model with a ``price`` (``HostedModel.with_price()`` at config load).
+    only for a model with a ``price`` (``HostedModel.with_price()`` at config load). With ``http``, streams
+    from OpenAI-compatible providers skip litellm (:mod:`backends.hosted.direct`).
     """
     arguments = request_arguments(model, payload)
+    direct = http is not None and arguments["stream"] and relays_directly(model)
     try:
         async with asyncio.timeout(model.timeout_s):
+            if direct:
+                assert http is not None
+                source = await open_stream(http, model, arguments)
+                return HostedStream(model, source, include_usage=_wants_usage(payload))
             result = await litellm.acompletion(**arguments)
     except TimeoutError:
         raise silence(model=model.name, timeout_s=model.timeout_s, streamed_anything=False) from None

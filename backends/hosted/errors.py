@@ -101,6 +101,8 @@ def _root_kind(exc: BaseException, streamed_anything: bool) -> ErrorKind | None:
         return "connect" if not streamed_anything else "malformed"
     if any(type(e).__name__ in ("ClientConnectorError", "ServerDisconnectedError") for e in chain):
         return "connect" if not streamed_anything else "malformed"
+    if any(isinstance(e, httpx.RemoteProtocolError | httpx.ReadError) for e in chain):  # a direct stream's drop
+        return "connect" if not streamed_anything else "malformed"
     if any(isinstance(e, TimeoutError | httpx.TimeoutException) for e in chain):
         return "timeout"
     if any(isinstance(e, openai.APITimeoutError) for e in chain):

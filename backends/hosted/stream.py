@@ -1,4 +1,4 @@
-"""Relay a litellm stream as OpenAI server-sent events, one event per chunk, as litellm yields them.
+"""Relay a litellm stream (or a direct one's dicts) as OpenAI server-sent events, one event per chunk.
 
 Nothing is buffered: each chunk is serialized and handed on at once. The relay also keeps what the
 gateway needs afterwards (usage, cost, whether anything was sent) and turns every failure, including
@@ -75,7 +75,7 @@ class HostedStream:
             ) from None
         except Exception as exc:
             raise self._failure(exc) from None
-        return chunk.model_dump()
+        return chunk if isinstance(chunk, dict) else chunk.model_dump()  # dicts from backends.hosted.direct
 
     def _record(self, raw: dict[str, Any]) -> dict[str, Any] | None:
         """The chunk to relay (None: nothing to send), noting usage and the finish reason."""

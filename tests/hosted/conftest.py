@@ -7,13 +7,15 @@ All are started together (in parallel) the first time a test needs one, and serv
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
 import pytest
 
-from backends.hosted import HostedModel, PriceOverride
+from backends.hosted import HostedCompletion, HostedModel, HostedStream, PriceOverride
 from tests.hosted.probe import OfflineProbe
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
@@ -79,14 +81,40 @@ def offline_probe(sims: Sims, tmp_path_factory: pytest.TempPathFactory) -> Itera
 ModelFor = Callable[..., HostedModel]
 
 
-@pytest.fixture(params=["openai", "anthropic"])
-def provider(request: pytest.FixtureRequest) -> str:
-    return request.param
+class _DirectPath:
+    """The HTTP client :func:`complete` passes on while a test runs as ``openai-direct``; None otherwise."""
+
+    http: httpx.AsyncClient | None = None
+
+
+DIRECT_PATH = _DirectPath()
+
+
+@pytest.fixture(params=["openai", "openai-direct", "anthropic"])
+async def provider(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The wire format a test runs in: OpenAI's through litellm, OpenAI's streams relayed without litellm
+    (``backends.hosted.direct``), or Anthropic's through litellm."""
+    if request.param != "openai-direct":
+        yield request.param
+        return
+    async with httpx.AsyncClient() as http:
+        DIRECT_PATH.http = http
+        try:
+            yield request.param
+        finally:
+            DIRECT_PATH.http = None
+
+
+async def complete(model: HostedModel, payload: Mapping[str, Any]) -> HostedCompletion | HostedStream:
+    """:func:`backends.hosted.client.complete`, on the direct path when the test runs as ``openai-direct``."""
+    from backends.hosted.client import complete as client_complete
+
+    return await client_complete(model, payload, http=DIRECT_PATH.http)
 
 
 def hosted_model(url: str, provider: str, **overrides: object) -> HostedModel:
     """A priced HostedModel for ``provider``'s wire format on the simulator at ``url``."""
-    if provider == "openai":
+    if provider in ("openai", "openai-direct"):
         model = HostedModel("frontier", OPENAI_MODEL, api_base=url + "/v1", api_key=API_KEY, timeout_s=10.0)
         model = model.with_price(OPENAI_PRICE)
     else:

@@ -83,7 +83,7 @@ def _direct_calls(http: httpx.AsyncClient, url: str) -> dict[str, Call]:
     }
 
 
-def _hosted_calls(url: str) -> dict[str, Call]:
+def _hosted_calls(url: str, http: httpx.AsyncClient) -> dict[str, Call]:
     models = {
         "openai": HostedModel("o", "openai/frontier-large", api_base=url + "/v1", api_key="sk-bench"),
         "anthropic": HostedModel("a", "anthropic/claude-sonnet-4-5", api_base=url, api_key="sk-bench").with_price(),
@@ -96,9 +96,9 @@ def _hosted_calls(url: str) -> dict[str, Call]:
 
         return call
 
-    def streamed(model: HostedModel, first_only: bool = False) -> Call:
+    def streamed(model: HostedModel, first_only: bool = False, direct: bool = False) -> Call:
         async def call() -> None:
-            result = await complete(model, {**body, "stream": True})
+            result = await complete(model, {**body, "stream": True}, http=http if direct else None)
             assert isinstance(result, HostedStream)
             async for _ in result:
                 if first_only:
@@ -112,12 +112,17 @@ def _hosted_calls(url: str) -> dict[str, Call]:
         calls[f"{name} via litellm (hosted client)"] = whole(model)
         calls[f"{name} via litellm (hosted client) stream"] = streamed(model)
         calls[f"{name} via litellm (hosted client) stream, first chunk"] = streamed(model, first_only=True)
+    # What the gateway does for OpenAI-compatible streams (backends.hosted.direct).
+    calls["openai without litellm (hosted client) stream"] = streamed(models["openai"], direct=True)
+    calls["openai without litellm (hosted client) stream, first chunk"] = streamed(
+        models["openai"], first_only=True, direct=True
+    )
     return calls
 
 
 async def _run(url: str, requests: int, concurrency: int) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
-        calls = {**_direct_calls(http, url), **_hosted_calls(url)}
+        calls = {**_direct_calls(http, url), **_hosted_calls(url, http)}
         print(f"{'path':56} {'p50 ms':>8} {'p99 ms':>8} {'req/s @' + str(concurrency):>10}")
         for name, call in sorted(
             calls.items(), key=lambda item: (item[0].count("stream"), "first" in item[0], item[0])

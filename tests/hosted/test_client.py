@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from backends.hosted import HostedCompletion, HostedModel, HostedStream
-from backends.hosted.client import OPENAI_REQUEST_FIELDS, complete, request_arguments
-from tests.hosted.conftest import SLOW_TPOT_MS, ModelFor
+from backends.hosted.client import OPENAI_REQUEST_FIELDS, request_arguments
+from tests.hosted.conftest import SLOW_TPOT_MS, ModelFor, complete
 
 
 def chat(content: str = "Tell me about prefix caches.", **fields: Any) -> dict[str, Any]:
@@ -79,10 +79,10 @@ async def test_chunks_arrive_as_they_are_generated(model_for: ModelFor) -> None:
     assert arrivals[-1] - arrivals[0] > 2 * SLOW_TPOT_MS / 1000
 
 
-async def test_cached_prompt_tokens_are_reported_and_priced(model_for: ModelFor) -> None:
+async def test_cached_prompt_tokens_are_reported_and_priced(model_for: ModelFor, provider: str) -> None:
     model = model_for("fast")
     clauses = " ".join(f"clause {i} of the shared system prompt." for i in range(200))  # ~2,400 tokens
-    long_prompt = f"For {model.litellm_model}: {clauses}"  # the simulator is shared by both providers' tests
+    long_prompt = f"For {provider}: {clauses}"  # the simulator is shared by every provider's tests
     first = await complete(model, chat(long_prompt + " First question?"))
     second = await complete(model, chat(long_prompt + " Second question?"))
     assert isinstance(first, HostedCompletion) and isinstance(second, HostedCompletion)

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from backends.hosted import HostedCompletion, HostedError, HostedModel, HostedStream
-from backends.hosted.client import complete
-from tests.hosted.conftest import API_KEY, SIM_ARGS, STALL_TIMEOUT_S, ModelFor, hosted_model
+from tests.hosted.conftest import API_KEY, SIM_ARGS, STALL_TIMEOUT_S, ModelFor, complete, hosted_model
 from tests.support.procs import free_port, start_spillgate
 
 
@@ -40,9 +39,8 @@ async def test_429_and_500_are_reported_without_retries(tmp_path: Path, provider
     """The simulator answers 1: ok, 2: 429, 3: 500, 4: 429; a retry inside litellm would shift the sequence."""
     # A simulator of its own, so no other request can have advanced its fault counter.
     port = free_port()
-    fresh = start_spillgate(
-        ["sim-hosted", "--port", str(port), *SIM_ARGS[f"faults-{provider}"]], port=port, log_dir=tmp_path
-    )
+    faults = SIM_ARGS[f"faults-{provider.removesuffix('-direct')}"]
+    fresh = start_spillgate(["sim-hosted", "--port", str(port), *faults], port=port, log_dir=tmp_path)
     try:
         await _check_fault_sequence(hosted_model(fresh.url, provider))
     finally:
@@ -93,10 +91,11 @@ async def test_a_refused_connection_is_connect(provider: str, stream: bool) -> N
     assert error is not None and error.kind == "connect" and not error.streamed_anything
 
 
-async def test_a_rejected_request_is_bad_request_with_the_providers_message(model_for: ModelFor) -> None:
-    error, _ = await outcome(model_for("fast"), chat(False, max_tokens=-5))
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_rejected_request_is_bad_request_with_the_providers_message(model_for: ModelFor, stream: bool) -> None:
+    error, _ = await outcome(model_for("fast"), chat(stream, max_tokens=-5))
     assert error is not None and error.kind == "bad_request" and error.status == 400
-    assert "max_tokens" in error.message
+    assert "max_tokens" in error.message and not error.streamed_anything
 
 
 async def test_the_key_never_reaches_logs_or_error_messages(

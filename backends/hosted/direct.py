@@ -1,0 +1,76 @@
+"""Streams from OpenAI-compatible providers, relayed event by event without litellm.
+
+Through litellm every streamed chunk is parsed into the OpenAI SDK's typed objects and converted again:
+about 0.6 ms of CPU per chunk on a 2-core VM (``tests.hosted.overhead``), 0.3 s for a 500-token reply,
+which caps what a gateway process can spill in a burst. A provider that already speaks OpenAI's wire
+format needs none of that: the events are parsed as JSON and go through the same :class:`HostedStream`
+(the same OpenAI fields, usage, cost, silence timeout and error kinds) as litellm's.
+
+Only for streamed requests to ``openai/`` models (OpenAI itself, or any OpenAI-compatible ``api_base``);
+other providers, and whole responses, still go through litellm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from backends.hosted.model import HostedModel
+
+OPENAI_API_BASE = "https://api.openai.com/v1"
+_PREFIX = "openai/"
+
+
+def relays_directly(model: HostedModel) -> bool:
+    """Whether ``model``'s streams skip litellm: an ``openai/`` model with no provider-specific parameters."""
+    return model.litellm_model.startswith(_PREFIX) and not model.params
+
+
+async def open_stream(
+    http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """POST the request and return its chunks as dicts once the provider has answered 200.
+
+    ``arguments`` are the request's OpenAI fields (:func:`backends.hosted.client.request_arguments`).
+    A refusal raises ``httpx.HTTPStatusError`` carrying the provider's body, for
+    :func:`backends.hosted.errors.classify` to read its status, message and Retry-After.
+    """
+    body = {key: value for key, value in arguments.items() if key not in _LITELLM_ONLY}
+    body["model"] = model.litellm_model.removeprefix(_PREFIX)
+    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    if model.api_key:
+        headers["authorization"] = f"Bearer {model.api_key}"
+    url = (model.api_base or OPENAI_API_BASE).rstrip("/") + "/chat/completions"
+    timeout = httpx.Timeout(model.timeout_s, connect=model.connect_timeout_s)
+    request = http.build_request("POST", url, content=orjson.dumps(body), headers=headers, timeout=timeout)
+    response = await http.send(request, stream=True)
+    if response.status_code != 200:
+        try:
+            text = (await response.aread()).decode(errors="replace")
+        finally:
+            await response.aclose()
+        raise httpx.HTTPStatusError(text or response.reason_phrase, request=request, response=response)
+    return _chunks(response)
+
+
+async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent events' data as dicts, until ``[DONE]``; the response is closed however it ends."""
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # comments, event names, blank separators
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            yield orjson.loads(data)
+    finally:
+        with contextlib.suppress(Exception):
+            await response.aclose()
+
+
+_LITELLM_ONLY = frozenset({"api_base", "api_key", "timeout", "num_retries", "max_retries", "drop_params", "model"})
+"""litellm's own arguments among :func:`~backends.hosted.client.request_arguments`: never sent upstream."""
