@@ -30,9 +30,7 @@ def relays_directly(model: HostedModel) -> bool:
     return model.litellm_model.startswith(_PREFIX) and not model.params
 
 
-async def open_stream(
-    http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any]
-) -> AsyncIterator[dict[str, Any]]:
+async def open_stream(http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any]) -> Events:
     """POST the request and return its chunks as dicts once the provider has answered 200.
 
     ``arguments`` are the request's OpenAI fields (:func:`backends.hosted.client.request_arguments`).
@@ -54,22 +52,37 @@ async def open_stream(
         finally:
             await response.aclose()
         raise httpx.HTTPStatusError(text or response.reason_phrase, request=request, response=response)
-    return _chunks(response)
+    return Events(response)
 
 
-async def _chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """Server-sent events' data as dicts, until ``[DONE]``; the response is closed however it ends."""
-    try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue  # comments, event names, blank separators
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            yield orjson.loads(data)
-    finally:
+class Events:
+    """A streaming response's server-sent events as dicts, until ``[DONE]``. ``aclose()`` closes the connection
+    (which stops the generation), also when iteration never started."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._chunks = self._parse()
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._chunks
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
         with contextlib.suppress(Exception):
-            await response.aclose()
+            await self._response.aclose()
+
+    async def _parse(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for line in self._response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue  # comments, event names, blank separators
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                yield orjson.loads(data)
+        finally:
+            with contextlib.suppress(Exception):
+                await self._response.aclose()
 
 
 _LITELLM_ONLY = frozenset({"api_base", "api_key", "timeout", "num_retries", "max_retries", "drop_params", "model"})
