@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import orjson
 
-from backends.hosted.direct import open_stream, relays_directly
+from backends.hosted.direct import answer, open_stream, relays_directly
 from backends.hosted.errors import classify, silence
 from backends.hosted.model import HostedModel
 from backends.hosted.openai_format import completion_json, usage_from
@@ -94,17 +94,17 @@ async def complete(
 
     A streaming request returns as soon as the provider has answered with headers; the HostedStream
     then yields its events as they come (iterate it to the end or ``aclose()`` it). The cost is known
-    only for a model with a ``price`` (``HostedModel.with_price()`` at config load). With ``http``, streams
-    from OpenAI-compatible providers skip litellm (:mod:`backends.hosted.direct`).
+    only for a model with a ``price`` (``HostedModel.with_price()`` at config load). With ``http``, requests
+    to OpenAI-compatible providers skip litellm (:mod:`backends.hosted.direct`).
     """
     arguments = request_arguments(model, payload)
-    direct = http is not None and arguments["stream"] and relays_directly(model)
     try:
         async with asyncio.timeout(model.timeout_s):
-            if direct:
-                assert http is not None
-                source = await open_stream(http, model, arguments)
-                return HostedStream(model, source, include_usage=_wants_usage(payload))
+            if http is not None and relays_directly(model):
+                if arguments["stream"]:
+                    source = await open_stream(http, model, arguments)
+                    return HostedStream(model, source, include_usage=_wants_usage(payload))
+                return _completion(model, await answer(http, model, arguments))
             result = await litellm.acompletion(**arguments)
     except TimeoutError:
         raise silence(model=model.name, timeout_s=model.timeout_s, streamed_anything=False) from None
@@ -112,7 +112,11 @@ async def complete(
         raise classify(exc, model=model.name, secrets=model.secrets(), streamed_anything=False) from None
     if arguments["stream"]:
         return HostedStream(model, result, include_usage=_wants_usage(payload))
-    raw = result.model_dump()
+    return _completion(model, result.model_dump())
+
+
+def _completion(model: HostedModel, raw: dict[str, Any]) -> HostedCompletion:
+    """The client's ``chat.completion`` (OpenAI's fields only), with its usage and cost."""
     usage = usage_from(raw.get("usage"))
     body = orjson.dumps(completion_json(raw, usage))
     return HostedCompletion(body=body, usage=usage, cost_usd=cost_of(usage, model.price))

@@ -1,4 +1,4 @@
-"""Streams from OpenAI-compatible providers, relayed event by event without litellm.
+"""Requests to OpenAI-compatible providers, without litellm: streams relayed event by event, whole answers.
 
 Through litellm every streamed chunk is parsed into the OpenAI SDK's typed objects and converted again:
 about 0.6 ms of CPU per chunk on a 2-core VM (``tests.hosted.overhead``), 0.3 s for a 500-token reply,
@@ -6,8 +6,9 @@ which caps what a gateway process can spill in a burst. A provider that already 
 format needs none of that: the events are parsed as JSON and go through the same :class:`HostedStream`
 (the same OpenAI fields, usage, cost, silence timeout and error kinds) as litellm's.
 
-Only for streamed requests to ``openai/`` models (OpenAI itself, or any OpenAI-compatible ``api_base``);
-other providers, and whole responses, still go through litellm.
+Whole answers skip litellm's conversion too (about 6 ms of CPU each through it). Only for ``openai/`` models
+(OpenAI itself, or any OpenAI-compatible ``api_base``) without extra litellm ``params``; other providers
+still go through litellm.
 """
 
 from __future__ import annotations
@@ -26,20 +27,39 @@ _PREFIX = "openai/"
 
 
 def relays_directly(model: HostedModel) -> bool:
-    """Whether ``model``'s streams skip litellm: an ``openai/`` model with no provider-specific parameters."""
+    """Whether ``model``'s requests skip litellm: an ``openai/`` model with no provider-specific parameters."""
     return model.litellm_model.startswith(_PREFIX) and not model.params
 
 
 async def open_stream(http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any]) -> Events:
-    """POST the request and return its chunks as dicts once the provider has answered 200.
+    """POST a streamed request and return its chunks as dicts once the provider has answered 200.
 
     ``arguments`` are the request's OpenAI fields (:func:`backends.hosted.client.request_arguments`).
     A refusal raises ``httpx.HTTPStatusError`` carrying the provider's body, for
     :func:`backends.hosted.errors.classify` to read its status, message and Retry-After.
     """
+    return Events(await _send(http, model, arguments, stream=True))
+
+
+async def answer(http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """POST a whole (non-streamed) request and return the provider's ``chat.completion`` as a dict; errors as
+    :func:`open_stream`'s, and an unparsable body as ``orjson.JSONDecodeError``."""
+    response = await _send(http, model, arguments, stream=False)
+    try:
+        body = orjson.loads(await response.aread())
+    finally:
+        await response.aclose()
+    if not isinstance(body, dict):
+        raise orjson.JSONDecodeError("a chat.completion must be a JSON object", "", 0)
+    return body
+
+
+async def _send(
+    http: httpx.AsyncClient, model: HostedModel, arguments: Mapping[str, Any], *, stream: bool
+) -> httpx.Response:
     body = {key: value for key, value in arguments.items() if key not in _LITELLM_ONLY}
     body["model"] = model.litellm_model.removeprefix(_PREFIX)
-    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
     if model.api_key:
         headers["authorization"] = f"Bearer {model.api_key}"
     url = (model.api_base or OPENAI_API_BASE).rstrip("/") + "/chat/completions"
@@ -52,7 +72,7 @@ async def open_stream(http: httpx.AsyncClient, model: HostedModel, arguments: Ma
         finally:
             await response.aclose()
         raise httpx.HTTPStatusError(text or response.reason_phrase, request=request, response=response)
-    return Events(response)
+    return response
 
 
 class Events:

@@ -90,9 +90,9 @@ def _hosted_calls(url: str, http: httpx.AsyncClient) -> dict[str, Call]:
     }
     body = {"model": "x", "messages": MESSAGES, "max_tokens": 16}
 
-    def whole(model: HostedModel) -> Call:
+    def whole(model: HostedModel, direct: bool = False) -> Call:
         async def call() -> None:
-            assert isinstance(await complete(model, body), HostedCompletion)
+            assert isinstance(await complete(model, body, http=http if direct else None), HostedCompletion)
 
         return call
 
@@ -112,7 +112,8 @@ def _hosted_calls(url: str, http: httpx.AsyncClient) -> dict[str, Call]:
         calls[f"{name} via litellm (hosted client)"] = whole(model)
         calls[f"{name} via litellm (hosted client) stream"] = streamed(model)
         calls[f"{name} via litellm (hosted client) stream, first chunk"] = streamed(model, first_only=True)
-    # What the gateway does for OpenAI-compatible streams (backends.hosted.direct).
+    # What the gateway does for OpenAI-compatible providers (backends.hosted.direct).
+    calls["openai without litellm (hosted client)"] = whole(models["openai"], direct=True)
     calls["openai without litellm (hosted client) stream"] = streamed(models["openai"], direct=True)
     calls["openai without litellm (hosted client) stream, first chunk"] = streamed(
         models["openai"], first_only=True, direct=True
