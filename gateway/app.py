@@ -31,9 +31,14 @@ class GatewayApp:
 
     def __init__(self, state: GatewayState) -> None:
         self.state = state
+        chat = CompletionsHandler(state, "/v1/chat/completions")
+        completions = CompletionsHandler(state, "/v1/completions")
+        # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
-            "/v1/chat/completions": CompletionsHandler(state, "/v1/chat/completions"),
-            "/v1/completions": CompletionsHandler(state, "/v1/completions"),
+            "/v1/chat/completions": chat,
+            "/v1/chat/completions/": chat,
+            "/v1/completions": completions,
+            "/v1/completions/": completions,
         }
         self._control = build_control_app(state)
         self._in_flight = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -72,6 +73,15 @@ def test_completions_streaming_and_not(client: openai.OpenAI) -> None:
         if c.choices
     ]
     assert "".join(pieces).strip()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "/v1/completions/"])
+def test_a_trailing_slash_is_served_like_the_path_without(gateway: RunningProcess, path: str) -> None:
+    body = {"model": "chat", "max_tokens": 3}
+    body.update({"messages": MESSAGES} if "chat" in path else {"prompt": "Once upon a time"})
+    response = httpx.post(gateway.url + path, json=body, headers={"authorization": f"Bearer {TENANT_KEY}"})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
 
 
 def test_route_aliases_and_request_id_passthrough(client: openai.OpenAI) -> None:
