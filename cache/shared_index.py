@@ -9,6 +9,10 @@ each process keeps routing on what it knows and catches up from the stream when 
 learned meanwhile waits in an outbox bounded like the stream (``max_entries``, oldest dropped first: the
 stream would have trimmed those anyway), so an outage of any length costs bounded memory.
 
+Besides the index, processes announce the new prefixes they have sent and not yet seen start prefilling
+(``computing``, then ``started``), so that another process's request sharing one waits for that prefill
+instead of joining its batch and computing the prefix again (:mod:`gateway.coalesce`).
+
 Measured cost on the request path: appending to an in-memory list (well under a microsecond) instead of
 a Redis round trip (~100-200 us on loopback) per decision.
 """
@@ -21,8 +25,8 @@ import logging
 import os
 from array import array
 from collections import deque
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Hashable, Sequence
+from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -32,10 +36,18 @@ from gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.prefix.shared")
 
-Operation = Literal["insert", "forget", "clear"]
+Operation = Literal["insert", "forget", "clear", "computing", "started"]
 _Entry = tuple[bytes, bytes, bytes, bytes]
 _FLUSH_INTERVAL_S = 0.005
 _RETRY_S = 1.0
+
+
+class RemotePrefills(Protocol):
+    """What a process does with the prefills other processes announce (:class:`gateway.coalesce.PrefillsInFlight`)."""
+
+    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int]) -> None: ...
+
+    def started_elsewhere(self, key: Hashable) -> None: ...
 
 
 class SharedPrefixIndex:
@@ -58,11 +70,24 @@ class SharedPrefixIndex:
         self._tasks: list[asyncio.Task[None]] = []
         self.connected = False
         self.applied = 0
+        self.prefills: RemotePrefills | None = None
+        """Told of the prefills other processes announce; ``None`` ignores them."""
+        self._announced = 0
 
     # Called on the request path: cheap, never waits. ---------------------------------------------
 
     def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
         self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
+
+    def announce(self, replica: str, hashes: Sequence[int]) -> int:
+        """Tell the other processes that ``replica`` will compute ``hashes`` once a request sent there starts; the
+        number returned is for :meth:`announce_started`."""
+        self._announced += 1
+        self.publish("computing", replica, hashes, self._announced)
+        return self._announced
+
+    def announce_started(self, replica: str, number: int) -> None:
+        self.publish("started", replica, (), number)
 
     @property
     def backlog(self) -> int:
@@ -148,6 +173,10 @@ class SharedPrefixIndex:
             self.index.forget_after(replica, hashes, int(fields[b"d"]))
         elif op == b"clear":
             self.index.clear(replica)
+        elif self.prefills is not None and op == b"computing":
+            self.prefills.computing_elsewhere((fields[b"o"], int(fields[b"d"])), replica, hashes)
+        elif self.prefills is not None and op == b"started":
+            self.prefills.started_elsewhere((fields[b"o"], int(fields[b"d"])))
         self.applied += 1
 
     def _lost(self, exc: BaseException) -> None:

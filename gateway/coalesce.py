@@ -30,6 +30,11 @@ prompts are sent as a batch forms, and reach the replica while that batch runs.
 
 Streamed requests only: a whole (non-streamed) response shows its first token when it ends, far too late to
 tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gsp`` (README).
+
+Gateway processes sharing Redis tell each other which new prefixes they have sent and not yet seen start
+(:mod:`cache.shared_index`), so a request reaching another process waits for that prefill too: without it,
+the second request of a new prompt group that lands on the other process joins the first one's batch and
+computes the prefix again.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 DEFAULT_BATCH_TOKENS = 8192
@@ -46,6 +51,8 @@ HOLD_BATCH_FRACTION = 8
 """By default prompts are held once an eighth of a prefill batch waits unscheduled at their replica."""
 MIN_HELD_TOKENS = 512
 """A prompt with fewer new tokens is never held: it adds little to a batch, and a hit should not queue."""
+REMOTE_LEAD_TTL_S = 5.0
+"""How long another process's prefill is waited for without word that it started (that process may be gone)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -78,7 +85,8 @@ class PrefillsInFlight:
     in flight times the fingerprint's block cap.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, remote_ttl_s: float = REMOTE_LEAD_TTL_S) -> None:
+        self._remote_ttl_s = remote_ttl_s
         self._computing: dict[tuple[str, int], Lead] = {}
         self._pending: dict[str, dict[Lead, None]] = {}
         """Per replica, the requests sent and not past their first token, in the order they were sent."""
@@ -90,6 +98,8 @@ class PrefillsInFlight:
         self._batch_tokens: dict[str, int] = {}
         self._batch_since: dict[str, float] = {}
         """Per replica, when its batch in progress started (``time.monotonic``)."""
+        self._remote: dict[Hashable, tuple[Lead, float]] = {}
+        """Prefills other gateway processes sent and have not seen start, with when to stop waiting for them."""
 
     def sent(
         self,
@@ -208,6 +218,43 @@ class PrefillsInFlight:
             assert lead.released is not None
             lead.released.set_result(None)
             self._enter(lead)
+
+    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int]) -> None:
+        """Another gateway process sent a request computing the blocks ``hashes`` on ``replica``, and has not seen
+        its prefill start. Blocks a request of this process computes stay that request's."""
+        now = time.monotonic()
+        self._expire_remote(now)
+        if key in self._remote:
+            return
+        lead = Lead(replica, tuple(hashes), 0, asyncio.get_running_loop().create_future())
+        self._remote[key] = (lead, now + self._remote_ttl_s)
+        computing = self._computing
+        for block in lead.hashes:
+            computing.setdefault((replica, block), lead)
+
+    def started_elsewhere(self, key: Hashable) -> None:
+        """The prefill :meth:`computing_elsewhere` announced as ``key`` has started (or ended)."""
+        entry = self._remote.pop(key, None)
+        if entry is not None:
+            self._forget_remote(entry[0])
+
+    def _expire_remote(self, now: float) -> None:
+        remote = self._remote
+        while remote:
+            key, (lead, deadline) = next(iter(remote.items()))
+            if deadline > now:
+                return
+            del remote[key]
+            self._forget_remote(lead)
+
+    def _forget_remote(self, lead: Lead) -> None:
+        computing = self._computing
+        for block in lead.hashes:
+            key = (lead.replica, block)
+            if computing.get(key) is lead:
+                del computing[key]
+        if not lead.started.done():
+            lead.started.set_result(None)
 
     def computing(self, replica: str, hashes: Sequence[int], matched_blocks: int) -> tuple[Lead | None, int]:
         """The request computing the end of a match of ``matched_blocks`` blocks on ``replica``, and how many of

@@ -8,7 +8,8 @@ failed request's new entries are withdrawn; a restarted replica starts empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,15 @@ class PrefixTracker:
         self.index.insert(replica, fingerprint.hashes)
         if self.shared is not None:
             self.shared.publish("insert", replica, fingerprint.hashes)
+
+    def computing(self, replica: str, hashes: Sequence[int], started: asyncio.Future[None]) -> None:
+        """A request sent to ``replica`` computes the new blocks ``hashes`` there once ``started`` is done: tell the
+        other gateway processes, so that their requests sharing those blocks wait for it (:mod:`gateway.coalesce`)."""
+        shared = self.shared
+        if shared is None or not hashes or started.done():
+            return
+        number = shared.announce(replica, hashes)
+        started.add_done_callback(lambda _: shared.announce_started(replica, number))
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:
         """Nothing was prefilled: withdraw what :meth:`dispatched` added beyond what was already there."""

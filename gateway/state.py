@@ -102,6 +102,7 @@ class GatewayState:
             client = aioredis.from_url(resolve_secret(settings.redis_url), socket_timeout=2.0)
             stream = f"{self.config.state.key_prefix}:prefix-index"
             self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
+            self.prefix.shared.prefills = self.prefilling
             await self.prefix.shared.start()
             if settings.share_load_interval_s > 0:
                 load_client = aioredis.from_url(resolve_secret(settings.redis_url), socket_timeout=2.0)

@@ -117,3 +117,39 @@ async def test_the_batch_in_progress_is_what_predictions_count_as_being_computed
     prefills.ended(waiting[1])
     prefills.ended(waiting[2])
     assert prefills.running("r0")[0] == 0
+
+
+async def test_another_process_prefill_is_waited_for_until_it_starts() -> None:
+    prefills = PrefillsInFlight()
+    prefills.computing_elsewhere(("other", 1), "r0", (2, 3))
+    local = prefills.sent("r0", (1, 2, 3, 4), cached_blocks=3, tokens=100)
+    lead, blocks = prefills.computing("r0", (1, 2, 3, 4), matched_blocks=3)
+    assert lead is not None and lead is not local and blocks == 2 and not lead.started.done()
+    prefills.started_elsewhere(("other", 1))
+    assert lead.started.done()
+    assert prefills.computing("r0", (1, 2, 3), matched_blocks=3) == (None, 0)
+    assert prefills.computing("r0", (1, 2, 3, 4), matched_blocks=4) == (local, 1), "this process's block stays"
+    prefills.started_elsewhere(("other", 1))  # a repeated or unknown notice is ignored
+    prefills.ended(local)
+
+
+async def test_a_local_prefill_keeps_its_blocks_when_another_process_announces_them() -> None:
+    prefills = PrefillsInFlight()
+    local = prefills.sent("r0", (1, 2), cached_blocks=0, tokens=100)
+    prefills.computing_elsewhere(("other", 7), "r0", (1, 2))
+    assert prefills.computing("r0", (1, 2), matched_blocks=2) == (local, 2)
+    prefills.started_elsewhere(("other", 7))
+    assert prefills.computing("r0", (1, 2), matched_blocks=2) == (local, 2)
+
+
+async def test_a_prefill_never_said_to_start_is_not_waited_for_forever() -> None:
+    """The process that announced it may have died: its announcement lapses, and its waiters go."""
+    prefills = PrefillsInFlight(remote_ttl_s=0.05)
+    prefills.computing_elsewhere(("gone", 1), "r0", (5, 6))
+    lead, _ = prefills.computing("r0", (5, 6), matched_blocks=2)
+    assert lead is not None
+    time.sleep(0.06)
+    prefills.computing_elsewhere(("alive", 1), "r1", (9,))
+    assert lead.started.done()
+    assert prefills.computing("r0", (5, 6), matched_blocks=2) == (None, 0)
+    assert len(prefills) == 1, "only the live announcement's block is left"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import redis.asyncio as aioredis
 
 from cache.index import PrefixIndex
 from cache.shared_index import SharedPrefixIndex
+from gateway.coalesce import PrefillsInFlight
 from tests.support.procs import free_port
 from tests.support.redis_server import redis_url
 
@@ -75,3 +77,25 @@ async def test_an_outage_of_any_length_keeps_the_outbox_bounded(tmp_path: Path) 
     finally:
         await writer.stop()
         await reader.stop()
+
+
+async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp_path: Path) -> None:
+    stream = f"t:announce:{uuid.uuid4().hex}"
+    with redis_url(tmp_path) as url:
+        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        reader_prefills = PrefillsInFlight()
+        reader = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        reader.prefills = reader_prefills
+        await writer.start()
+        await reader.start()
+        try:
+            number = writer.announce("r0", [21, 22])
+            await wait_for(lambda: reader_prefills.computing("r0", [21, 22], 2)[0] is not None)
+            lead, blocks = reader_prefills.computing("r0", [21, 22], 2)
+            assert blocks == 2 and lead is not None and not lead.started.done()
+            writer.announce_started("r0", number)
+            await asyncio.wait_for(lead.started, 5)
+            assert reader_prefills.computing("r0", [21, 22], 2) == (None, 0)
+        finally:
+            await writer.stop()
+            await reader.stop()
