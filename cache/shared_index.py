@@ -73,6 +73,8 @@ class SharedPrefixIndex:
         self.prefills: RemotePrefills | None = None
         """Told of the prefills other processes announce; ``None`` ignores them."""
         self._announced = 0
+        self._replay_end: tuple[int, int] | None = None
+        """The newest entry when this process started following: announcements up to it are history."""
 
     # Called on the request path: cheap, never waits. ---------------------------------------------
 
@@ -144,6 +146,9 @@ class SharedPrefixIndex:
         last_id = b"0-0"  # replay what the stream retains, then follow it
         while True:
             try:
+                if self._replay_end is None:
+                    newest = await self._redis.xrevrange(self._stream, count=1)
+                    self._replay_end = _entry_order(newest[0][0]) if newest else (0, 0)
                 replies = await self._redis.xread({self._stream: last_id}, count=1000, block=1000)
                 if not self.connected:
                     self.connected = True
@@ -152,7 +157,7 @@ class SharedPrefixIndex:
                     for entry_id, fields in entries:
                         last_id = entry_id
                         try:
-                            self._apply(fields)
+                            self._apply(fields, live=_entry_order(entry_id) > self._replay_end)
                         except (KeyError, ValueError) as exc:  # malformed (another version?): skip it, keep following
                             log.warning("prefix index: skipped stream entry %s (%r)", entry_id, exc)
             except (RedisError, OSError) as exc:
@@ -160,7 +165,9 @@ class SharedPrefixIndex:
                 self._lost(exc)
                 await asyncio.sleep(_RETRY_S)
 
-    def _apply(self, fields: dict[bytes, bytes]) -> None:
+    def _apply(self, fields: dict[bytes, bytes], *, live: bool = True) -> None:
+        """Apply another process's entry; an announced prefill only when ``live`` (not replayed history: it
+        started long ago, or its process died before saying so)."""
         if fields.get(b"o") == self._origin:
             return
         replica = fields[b"r"].decode()
@@ -173,7 +180,7 @@ class SharedPrefixIndex:
             self.index.forget_after(replica, hashes, int(fields[b"d"]))
         elif op == b"clear":
             self.index.clear(replica)
-        elif self.prefills is not None and op == b"computing":
+        elif self.prefills is not None and live and op == b"computing":
             self.prefills.computing_elsewhere((fields[b"o"], int(fields[b"d"])), replica, hashes)
         elif self.prefills is not None and op == b"started":
             self.prefills.started_elsewhere((fields[b"o"], int(fields[b"d"])))
@@ -183,3 +190,9 @@ class SharedPrefixIndex:
         if self.connected:
             log.warning("Redis unreachable (%s); routing on the local prefix index until it returns", exc)
         self.connected = False
+
+
+def _entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as a comparable pair."""
+    millis, _, sequence = entry_id.partition(b"-")
+    return int(millis), int(sequence or 0)

@@ -82,7 +82,8 @@ class PrefillsInFlight:
     which prompts the gateway holds back until their replica has room.
 
     Holds the streamed requests held back, or sent and not yet past their first token: bounded by the requests
-    in flight times the fingerprint's block cap.
+    in flight times the fingerprint's block cap; and other processes' announced prefills for at most
+    ``remote_ttl_s`` each.
     """
 
     def __init__(self, *, remote_ttl_s: float = REMOTE_LEAD_TTL_S) -> None:
@@ -123,9 +124,7 @@ class PrefillsInFlight:
         loop = asyncio.get_running_loop()
         lead = Lead(replica, tuple(hashes[cached_blocks:]), tokens, loop.create_future())
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
-        computing = self._computing
-        for block in lead.hashes:
-            computing.setdefault((replica, block), lead)
+        self._claim_blocks(lead)
         held = self._held.get(replica)
         if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
             lead.released = loop.create_future()
@@ -163,11 +162,7 @@ class PrefillsInFlight:
         """``lead``'s prefill is over (its first token came, or it failed): its blocks are cached or gone, and
         the replica forms its next batch from the requests still waiting."""
         replica = lead.replica
-        computing = self._computing
-        for block in lead.hashes:
-            key = (replica, block)
-            if computing.get(key) is lead:
-                del computing[key]
+        self._release_blocks(lead)
         released = lead.released
         if released is not None and not released.done():
             # Still held (its client left): it never reached the replica.
@@ -228,9 +223,7 @@ class PrefillsInFlight:
             return
         lead = Lead(replica, tuple(hashes), 0, asyncio.get_running_loop().create_future())
         self._remote[key] = (lead, now + self._remote_ttl_s)
-        computing = self._computing
-        for block in lead.hashes:
-            computing.setdefault((replica, block), lead)
+        self._claim_blocks(lead)
 
     def started_elsewhere(self, key: Hashable) -> None:
         """The prefill :meth:`computing_elsewhere` announced as ``key`` has started (or ended)."""
@@ -248,13 +241,22 @@ class PrefillsInFlight:
             self._forget_remote(lead)
 
     def _forget_remote(self, lead: Lead) -> None:
+        self._release_blocks(lead)
+        if not lead.started.done():
+            lead.started.set_result(None)
+
+    def _claim_blocks(self, lead: Lead) -> None:
+        """``lead`` computes those of its blocks no earlier request computes."""
+        computing = self._computing
+        for block in lead.hashes:
+            computing.setdefault((lead.replica, block), lead)
+
+    def _release_blocks(self, lead: Lead) -> None:
         computing = self._computing
         for block in lead.hashes:
             key = (lead.replica, block)
             if computing.get(key) is lead:
                 del computing[key]
-        if not lead.started.done():
-            lead.started.set_result(None)
 
     def computing(self, replica: str, hashes: Sequence[int], matched_blocks: int) -> tuple[Lead | None, int]:
         """The request computing the end of a match of ``matched_blocks`` blocks on ``replica``, and how many of

@@ -99,3 +99,29 @@ async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp
         finally:
             await writer.stop()
             await reader.stop()
+
+
+async def test_a_process_started_later_does_not_wait_for_announcements_in_the_history(tmp_path: Path) -> None:
+    """An announcement never followed by its start (its process died) must not hold a process that joins later."""
+    stream = f"t:history:{uuid.uuid4().hex}"
+    with redis_url(tmp_path) as url:
+        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        await writer.start()
+        writer.publish("insert", "r0", [31, 32])
+        writer.announce("r0", [31, 32])
+        await wait_for(lambda: writer.backlog == 0)
+        await asyncio.sleep(0.05)
+        late_index = make_index()
+        late_prefills = PrefillsInFlight()
+        late = SharedPrefixIndex(late_index, aioredis.from_url(url, socket_timeout=1), stream=stream)
+        late.prefills = late_prefills
+        await late.start()
+        try:
+            await wait_for(lambda: late.applied >= 2)
+            assert late_index.match([31, 32], ["r0"]) == {"r0": 2}, "the history's index entries still apply"
+            assert late_prefills.computing("r0", [31, 32], 2) == (None, 0)
+            writer.announce("r0", [33])
+            await wait_for(lambda: late_prefills.computing("r0", [33], 1)[0] is not None)
+        finally:
+            await writer.stop()
+            await late.stop()
