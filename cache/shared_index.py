@@ -37,7 +37,7 @@ from gateway.tasks import stop_if_cancelled
 log = logging.getLogger("spillgate.prefix.shared")
 
 Operation = Literal["insert", "forget", "clear", "computing", "started"]
-_Entry = tuple[bytes, bytes, bytes, bytes]
+_Entry = tuple[bytes, bytes, bytes, bytes, bytes]
 _FLUSH_INTERVAL_S = 0.005
 _RETRY_S = 1.0
 
@@ -45,7 +45,7 @@ _RETRY_S = 1.0
 class RemotePrefills(Protocol):
     """What a process does with the prefills other processes announce (:class:`gateway.coalesce.PrefillsInFlight`)."""
 
-    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int]) -> None: ...
+    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int], tokens: int) -> None: ...
 
     def started_elsewhere(self, key: Hashable) -> None: ...
 
@@ -78,14 +78,15 @@ class SharedPrefixIndex:
 
     # Called on the request path: cheap, never waits. ---------------------------------------------
 
-    def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
-        self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
+    def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0, tokens: int = 0) -> None:
+        entry = (op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode(), str(tokens).encode())
+        self._outbox.append(entry)
 
-    def announce(self, replica: str, hashes: Sequence[int]) -> int:
-        """Tell the other processes that ``replica`` will compute ``hashes`` once a request sent there starts; the
-        number returned is for :meth:`announce_started`."""
+    def announce(self, replica: str, hashes: Sequence[int], tokens: int) -> int:
+        """Tell the other processes that a request sent to ``replica`` will prefill ``tokens`` new tokens there,
+        among them the blocks ``hashes``, once it starts; the number returned is for :meth:`announce_started`."""
         self._announced += 1
-        self.publish("computing", replica, hashes, self._announced)
+        self.publish("computing", replica, hashes, self._announced, tokens)
         return self._announced
 
     def announce_started(self, replica: str, number: int) -> None:
@@ -131,8 +132,8 @@ class SharedPrefixIndex:
         self._outbox.clear()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for op, replica, hashes, depth in batch:
-                    fields = {b"o": self._origin, b"op": op, b"r": replica, b"h": hashes, b"d": depth}
+                for op, replica, hashes, depth, tokens in batch:
+                    fields = {b"o": self._origin, b"op": op, b"r": replica, b"h": hashes, b"d": depth, b"t": tokens}
                     pipe.xadd(self._stream, fields, maxlen=self._max_entries, approximate=True)
                 await pipe.execute()
         except BaseException:
@@ -181,7 +182,8 @@ class SharedPrefixIndex:
         elif op == b"clear":
             self.index.clear(replica)
         elif self.prefills is not None and live and op == b"computing":
-            self.prefills.computing_elsewhere((fields[b"o"], int(fields[b"d"])), replica, hashes)
+            tokens = int(fields.get(b"t", b"0"))
+            self.prefills.computing_elsewhere((fields[b"o"], int(fields[b"d"])), replica, hashes, tokens)
         elif self.prefills is not None and op == b"started":
             self.prefills.started_elsewhere((fields[b"o"], int(fields[b"d"])))
         self.applied += 1

@@ -101,6 +101,8 @@ class PrefillsInFlight:
         """Per replica, when its batch in progress started (``time.monotonic``)."""
         self._remote: dict[Hashable, tuple[Lead, float]] = {}
         """Prefills other gateway processes sent and have not seen start, with when to stop waiting for them."""
+        self._remote_waiting: dict[str, int] = {}
+        """Per replica, the tokens of those prefills: they are ahead of this process's prompts there."""
 
     def sent(
         self,
@@ -126,7 +128,7 @@ class PrefillsInFlight:
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
         self._claim_blocks(lead)
         held = self._held.get(replica)
-        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
+        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._unscheduled(replica) >= hold_beyond):
             lead.released = loop.create_future()
             self._hold_limits[replica] = hold_beyond
             self._held.setdefault(replica, deque()).append(lead)
@@ -203,26 +205,32 @@ class PrefillsInFlight:
             self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
         pending[lead] = None
 
+    def _unscheduled(self, replica: str) -> int:
+        """Tokens sent to ``replica`` (or held for it) by this process and the others, not yet in a batch."""
+        return self._waiting.get(replica, 0) + self._remote_waiting.get(replica, 0)
+
     def _release_held(self, replica: str) -> None:
         held = self._held.get(replica)
         if not held:
             return
         limit = self._hold_limits[replica]
-        while held and self._waiting.get(replica, 0) < limit:
+        while held and self._unscheduled(replica) < limit:
             lead = held.popleft()
             assert lead.released is not None
             lead.released.set_result(None)
             self._enter(lead)
 
-    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int]) -> None:
-        """Another gateway process sent a request computing the blocks ``hashes`` on ``replica``, and has not seen
-        its prefill start. Blocks a request of this process computes stay that request's."""
+    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int], tokens: int = 0) -> None:
+        """Another gateway process sent a request prefilling ``tokens`` new tokens on ``replica``, among them the
+        blocks ``hashes``, and has not seen its prefill start: this process's prompts are held behind it as behind
+        its own. Blocks a request of this process computes stay that request's."""
         now = time.monotonic()
         self._expire_remote(now)
         if key in self._remote:
             return
-        lead = Lead(replica, tuple(hashes), 0, asyncio.get_running_loop().create_future())
+        lead = Lead(replica, tuple(hashes), tokens, asyncio.get_running_loop().create_future())
         self._remote[key] = (lead, now + self._remote_ttl_s)
+        self._remote_waiting[replica] = self._remote_waiting.get(replica, 0) + tokens
         self._claim_blocks(lead)
 
     def started_elsewhere(self, key: Hashable) -> None:
@@ -244,6 +252,8 @@ class PrefillsInFlight:
         self._release_blocks(lead)
         if not lead.started.done():
             lead.started.set_result(None)
+        self._remote_waiting[lead.replica] -= lead.tokens
+        self._release_held(lead.replica)
 
     def _claim_blocks(self, lead: Lead) -> None:
         """``lead`` computes those of its blocks no earlier request computes."""

@@ -8,8 +8,7 @@ failed request's new entries are withdrawn; a restarted replica starts empty.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from cache.fingerprint import block_hashes, canonical_chat, canonical_completion
 from cache.index import PrefixIndex
 from cache.shared_index import SharedPrefixIndex
 from cache.tokens import PromptTokenizer
+from gateway.coalesce import Lead
 from gateway.validation import CHARS_PER_TOKEN
 
 _BLOCK_SLACK = 1
@@ -97,13 +97,15 @@ class PrefixTracker:
         if self.shared is not None:
             self.shared.publish("insert", replica, fingerprint.hashes)
 
-    def computing(self, replica: str, hashes: Sequence[int], started: asyncio.Future[None]) -> None:
-        """A request sent to ``replica`` computes the new blocks ``hashes`` there once ``started`` is done: tell the
-        other gateway processes, so that their requests sharing those blocks wait for it (:mod:`gateway.coalesce`)."""
+    def announce(self, replica: str, lead: Lead) -> None:
+        """``lead`` was sent to ``replica`` and waits for a prefill batch there: tell the other gateway processes,
+        so that their prompts queue behind it and their requests sharing its new blocks wait for it
+        (:mod:`gateway.coalesce`)."""
         shared = self.shared
-        if shared is None or not hashes or started.done():
+        started = lead.started
+        if shared is None or started.done() or not (lead.hashes or lead.tokens):
             return
-        number = shared.announce(replica, hashes)
+        number = shared.announce(replica, lead.hashes, lead.tokens)
         started.add_done_callback(lambda _: shared.announce_started(replica, number))
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:

@@ -400,7 +400,7 @@ class CompletionsHandler:
                 backend.prefill_batch_tokens,
                 hold_limit(backend.max_waiting_prefill, backend.prefill_batch_tokens) if may_hold else 0,
             )
-            self._state.prefix.computing(backend.name, attempt.lead.hashes, attempt.lead.started)
+            self._state.prefix.announce(backend.name, attempt.lead)
             self._track_batch(backend)
 
     @staticmethod

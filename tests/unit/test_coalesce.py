@@ -153,3 +153,18 @@ async def test_a_prefill_never_said_to_start_is_not_waited_for_forever() -> None
     assert lead.started.done()
     assert prefills.computing("r0", (5, 6), matched_blocks=2) == (None, 0)
     assert len(prefills) == 1, "only the live announcement's block is left"
+
+
+async def test_prompts_are_held_behind_what_other_processes_sent_too() -> None:
+    """Another process's prompts waiting at the replica count as this process's own: past the limit, new
+    prompts are held, and they go once those have started."""
+    prefills = PrefillsInFlight()
+    running = prefills.sent("r0", (1,), 0, tokens=1000, hold_beyond=1024)
+    assert running.started.done()
+    prefills.computing_elsewhere(("other", 1), "r0", (), tokens=1500)
+    held = prefills.sent("r0", (2,), 0, tokens=800, hold_beyond=1024)
+    assert held.released is not None and not held.released.done(), "1,500 tokens of the other process wait"
+    prefills.started_elsewhere(("other", 1))
+    assert held.released.done(), "their batch formed: nothing waits unscheduled"
+    prefills.ended(running)
+    assert held.started.done()

@@ -89,7 +89,7 @@ async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp
         await writer.start()
         await reader.start()
         try:
-            number = writer.announce("r0", [21, 22])
+            number = writer.announce("r0", [21, 22], 3000)
             await wait_for(lambda: reader_prefills.computing("r0", [21, 22], 2)[0] is not None)
             lead, blocks = reader_prefills.computing("r0", [21, 22], 2)
             assert blocks == 2 and lead is not None and not lead.started.done()
@@ -108,7 +108,7 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
         writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
         await writer.start()
         writer.publish("insert", "r0", [31, 32])
-        writer.announce("r0", [31, 32])
+        writer.announce("r0", [31, 32], 3000)
         await wait_for(lambda: writer.backlog == 0)
         await asyncio.sleep(0.05)
         late_index = make_index()
@@ -120,7 +120,7 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
             await wait_for(lambda: late.applied >= 2)
             assert late_index.match([31, 32], ["r0"]) == {"r0": 2}, "the history's index entries still apply"
             assert late_prefills.computing("r0", [31, 32], 2) == (None, 0)
-            writer.announce("r0", [33])
+            writer.announce("r0", [33], 500)
             await wait_for(lambda: late_prefills.computing("r0", [33], 1)[0] is not None)
         finally:
             await writer.stop()
