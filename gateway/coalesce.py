@@ -128,7 +128,7 @@ class PrefillsInFlight:
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
         self._claim_blocks(lead)
         held = self._held.get(replica)
-        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._unscheduled(replica) >= hold_beyond):
+        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self.unscheduled(replica) >= hold_beyond):
             lead.released = loop.create_future()
             self._hold_limits[replica] = hold_beyond
             self._held.setdefault(replica, deque()).append(lead)
@@ -205,7 +205,7 @@ class PrefillsInFlight:
             self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
         pending[lead] = None
 
-    def _unscheduled(self, replica: str) -> int:
+    def unscheduled(self, replica: str) -> int:
         """Tokens sent to ``replica`` (or held for it) by this process and the others, not yet in a batch."""
         return self._waiting.get(replica, 0) + self._remote_waiting.get(replica, 0)
 
@@ -214,7 +214,7 @@ class PrefillsInFlight:
         if not held:
             return
         limit = self._hold_limits[replica]
-        while held and self._unscheduled(replica) < limit:
+        while held and self.unscheduled(replica) < limit:
             lead = held.popleft()
             assert lead.released is not None
             lead.released.set_result(None)

@@ -8,7 +8,8 @@ failed request's new entries are withdrawn; a restarted replica starts empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,14 +99,30 @@ class PrefixTracker:
             self.shared.publish("insert", replica, fingerprint.hashes)
 
     def announce(self, replica: str, lead: Lead) -> None:
-        """``lead`` was sent to ``replica`` and waits for a prefill batch there: tell the other gateway processes,
-        so that their prompts queue behind it and their requests sharing its new blocks wait for it
-        (:mod:`gateway.coalesce`)."""
+        """``lead`` was sent to ``replica`` and waits for a prefill batch there, or is held for one: tell the other
+        gateway processes, so that their requests sharing its new blocks wait for it and, once it is at the replica,
+        their prompts queue behind it (:mod:`gateway.coalesce`). A held prompt's tokens count only once it is
+        sent: counted while held, two processes would each hold their prompts behind the other's."""
         shared = self.shared
-        started = lead.started
-        if shared is None or started.done() or not (lead.hashes or lead.tokens):
+        if shared is None or lead.started.done():
             return
-        number = shared.announce(replica, lead.hashes, lead.tokens)
+        released = lead.released
+        if released is None:
+            self._announce(shared, replica, lead.hashes, lead.tokens, lead.started)
+            return
+        if lead.hashes:
+            self._announce(shared, replica, lead.hashes, 0, lead.started)
+        released.add_done_callback(
+            lambda done: None if done.cancelled() else self._announce(shared, replica, (), lead.tokens, lead.started)
+        )
+
+    @staticmethod
+    def _announce(
+        shared: SharedPrefixIndex, replica: str, hashes: Sequence[int], tokens: int, started: asyncio.Future[None]
+    ) -> None:
+        if started.done() or not (hashes or tokens):
+            return
+        number = shared.announce(replica, hashes, tokens)
         started.add_done_callback(lambda _: shared.announce_started(replica, number))
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:

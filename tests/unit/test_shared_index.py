@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from cache.index import PrefixIndex
 from cache.shared_index import SharedPrefixIndex
 from gateway.coalesce import PrefillsInFlight
+from gateway.prefix import PrefixTracker
 from tests.support.procs import free_port
 from tests.support.redis_server import redis_url
 
@@ -125,3 +126,35 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
         finally:
             await writer.stop()
             await late.stop()
+
+
+async def test_a_held_prompt_counts_for_other_processes_only_once_it_is_sent(tmp_path: Path) -> None:
+    """Counted while held, two processes would each hold their prompts behind the other's held ones."""
+    stream = f"t:held:{uuid.uuid4().hex}"
+    with redis_url(tmp_path) as url:
+        tracker = PrefixTracker(block_chars=64, max_blocks=8)
+        tracker.shared = SharedPrefixIndex(tracker.index, aioredis.from_url(url, socket_timeout=1), stream=stream)
+        here = PrefillsInFlight()
+        there = PrefillsInFlight()
+        other = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        other.prefills = there
+        await tracker.shared.start()
+        await other.start()
+        try:
+            running = here.sent("r0", (1,), 0, tokens=2000, hold_beyond=1024)
+            waiting = here.sent("r0", (2,), 0, tokens=2000, hold_beyond=1024)
+            held = here.sent("r0", (3, 4), 0, tokens=1500, hold_beyond=1024)
+            assert held.released is not None and not held.released.done()
+            for lead in (running, waiting, held):
+                tracker.announce("r0", lead)
+            await wait_for(lambda: there.computing("r0", (3, 4), 2)[0] is not None)
+            assert there.unscheduled("r0") == 2000, "the held prompt's blocks are announced, not its tokens"
+            here.ended(running)  # the waiting prompt starts; the held one is sent and waits
+            assert waiting.started.done() and held.released.done() and not held.started.done()
+            await wait_for(lambda: there.unscheduled("r0") == 1500)
+            here.ended(waiting)
+            await wait_for(lambda: there.unscheduled("r0") == 0)
+            assert there.computing("r0", (3, 4), 2) == (None, 0)
+        finally:
+            await tracker.shared.stop()
+            await other.stop()
