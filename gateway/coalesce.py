@@ -206,7 +206,7 @@ class PrefillsInFlight:
         pending[lead] = None
 
     def unscheduled(self, replica: str) -> int:
-        """Tokens sent to ``replica`` (or held for it) by this process and the others, not yet in a batch."""
+        """Tokens this process and the others have sent to ``replica`` that no prefill batch has taken yet."""
         return self._waiting.get(replica, 0) + self._remote_waiting.get(replica, 0)
 
     def _release_held(self, replica: str) -> None:
