@@ -25,7 +25,7 @@ import logging
 import os
 from array import array
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
@@ -36,7 +36,9 @@ from gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.prefix.shared")
 
-Operation = Literal["insert", "forget", "clear", "computing", "started"]
+Operation = Literal["insert", "forget", "clear", "computing", "started", "gone"]
+_ANNOUNCEMENTS = frozenset({b"computing", b"started", b"gone"})
+"""Entries worth sending only now: after an outage they are stale, and they must not crowd the index's out."""
 _Entry = tuple[bytes, bytes, bytes, bytes, bytes]
 _FLUSH_INTERVAL_S = 0.005
 _RETRY_S = 1.0
@@ -45,9 +47,13 @@ _RETRY_S = 1.0
 class RemotePrefills(Protocol):
     """What a process does with the prefills other processes announce (:class:`gateway.coalesce.PrefillsInFlight`)."""
 
-    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int], tokens: int) -> None: ...
+    def computing_elsewhere(
+        self, origin: bytes, number: int, replica: str, hashes: Sequence[int], tokens: int
+    ) -> None: ...
 
-    def started_elsewhere(self, key: Hashable) -> None: ...
+    def started_elsewhere(self, origin: bytes, number: int) -> None: ...
+
+    def forget_elsewhere(self, origin: bytes | None = None) -> None: ...
 
 
 class SharedPrefixIndex:
@@ -82,9 +88,12 @@ class SharedPrefixIndex:
         entry = (op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode(), str(tokens).encode())
         self._outbox.append(entry)
 
-    def announce(self, replica: str, hashes: Sequence[int], tokens: int) -> int:
+    def announce(self, replica: str, hashes: Sequence[int], tokens: int) -> int | None:
         """Tell the other processes that a request sent to ``replica`` will prefill ``tokens`` new tokens there,
-        among them the blocks ``hashes``, once it starts; the number returned is for :meth:`announce_started`."""
+        among them the blocks ``hashes``, once it starts; the number returned is for :meth:`announce_started`.
+        Nothing is announced while Redis is unreachable (``None``): it would be stale by the time it arrived."""
+        if not self.connected:
+            return None
         self._announced += 1
         self.publish("computing", replica, hashes, self._announced, tokens)
         return self._announced
@@ -106,6 +115,7 @@ class SharedPrefixIndex:
         ]
 
     async def stop(self) -> None:
+        self.publish("gone", "")  # the others stop waiting for what this process announced
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -138,7 +148,7 @@ class SharedPrefixIndex:
                 await pipe.execute()
         except BaseException:
             # Try again later, in order; past the bound the oldest go, as the stream would trim them.
-            retry = deque(batch, maxlen=self._max_entries)
+            retry = deque((entry for entry in batch if entry[0] not in _ANNOUNCEMENTS), maxlen=self._max_entries)
             retry.extend(self._outbox)
             self._outbox = retry
             raise
@@ -151,6 +161,7 @@ class SharedPrefixIndex:
                     newest = await self._redis.xrevrange(self._stream, count=1)
                     self._replay_end = _entry_order(newest[0][0]) if newest else (0, 0)
                 replies = await self._redis.xread({self._stream: last_id}, count=1000, block=1000)
+                stop_if_cancelled()  # redis-py can swallow a cancellation that lands in a blocking read
                 if not self.connected:
                     self.connected = True
                     log.info("prefix index shared through Redis stream %s", self._stream)
@@ -164,6 +175,10 @@ class SharedPrefixIndex:
             except (RedisError, OSError) as exc:
                 stop_if_cancelled(exc)
                 self._lost(exc)
+                # Announcements cannot be heard start now, and those written meanwhile are stale on return.
+                self._replay_end = None
+                if self.prefills is not None:
+                    self.prefills.forget_elsewhere()
                 await asyncio.sleep(_RETRY_S)
 
     def _apply(self, fields: dict[bytes, bytes], *, live: bool = True) -> None:
@@ -183,9 +198,11 @@ class SharedPrefixIndex:
             self.index.clear(replica)
         elif self.prefills is not None and live and op == b"computing":
             tokens = int(fields.get(b"t", b"0"))
-            self.prefills.computing_elsewhere((fields[b"o"], int(fields[b"d"])), replica, hashes, tokens)
+            self.prefills.computing_elsewhere(fields[b"o"], int(fields[b"d"]), replica, hashes, tokens)
         elif self.prefills is not None and op == b"started":
-            self.prefills.started_elsewhere((fields[b"o"], int(fields[b"d"])))
+            self.prefills.started_elsewhere(fields[b"o"], int(fields[b"d"]))
+        elif self.prefills is not None and op == b"gone":
+            self.prefills.forget_elsewhere(fields[b"o"])
         self.applied += 1
 
     def _lost(self, exc: BaseException) -> None:

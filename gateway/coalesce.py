@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_BATCH_TOKENS = 8192
@@ -99,10 +99,11 @@ class PrefillsInFlight:
         self._batch_tokens: dict[str, int] = {}
         self._batch_since: dict[str, float] = {}
         """Per replica, when its batch in progress started (``time.monotonic``)."""
-        self._remote: dict[Hashable, tuple[Lead, float]] = {}
+        self._remote: OrderedDict[tuple[bytes, int], tuple[Lead, float]] = OrderedDict()
         """Prefills other gateway processes sent and have not seen start, with when to stop waiting for them."""
         self._remote_waiting: dict[str, int] = {}
         """Per replica, the tokens of those prefills: they are ahead of this process's prompts there."""
+        self._expiry: asyncio.TimerHandle | None = None
 
     def sent(
         self,
@@ -220,30 +221,43 @@ class PrefillsInFlight:
             lead.released.set_result(None)
             self._enter(lead)
 
-    def computing_elsewhere(self, key: Hashable, replica: str, hashes: Sequence[int], tokens: int = 0) -> None:
-        """Another gateway process sent a request prefilling ``tokens`` new tokens on ``replica``, among them the
-        blocks ``hashes``, and has not seen its prefill start: this process's prompts are held behind it as behind
-        its own. Blocks a request of this process computes stay that request's."""
-        now = time.monotonic()
-        self._expire_remote(now)
+    def computing_elsewhere(self, origin: bytes, number: int, replica: str, hashes: Sequence[int], tokens: int) -> None:
+        """Gateway process ``origin`` sent a request (its ``number``) prefilling ``tokens`` new tokens on ``replica``,
+        among them the blocks ``hashes``, and has not seen its prefill start: this process's prompts are held behind
+        it as behind its own. Blocks a request of this process computes stay that request's."""
+        key = (origin, number)
         if key in self._remote:
             return
-        lead = Lead(replica, tuple(hashes), tokens, asyncio.get_running_loop().create_future())
-        self._remote[key] = (lead, now + self._remote_ttl_s)
+        loop = asyncio.get_running_loop()
+        lead = Lead(replica, tuple(hashes), tokens, loop.create_future())
+        self._remote[key] = (lead, time.monotonic() + self._remote_ttl_s)
         self._remote_waiting[replica] = self._remote_waiting.get(replica, 0) + tokens
         self._claim_blocks(lead)
+        if self._expiry is None:
+            self._expiry = loop.call_later(self._remote_ttl_s, self._expire_remote)
 
-    def started_elsewhere(self, key: Hashable) -> None:
-        """The prefill :meth:`computing_elsewhere` announced as ``key`` has started (or ended)."""
-        entry = self._remote.pop(key, None)
+    def started_elsewhere(self, origin: bytes, number: int) -> None:
+        """The prefill :meth:`computing_elsewhere` was told of has started (or ended)."""
+        entry = self._remote.pop((origin, number), None)
         if entry is not None:
             self._forget_remote(entry[0])
 
-    def _expire_remote(self, now: float) -> None:
+    def forget_elsewhere(self, origin: bytes | None = None) -> None:
+        """Stop waiting for the prefills process ``origin`` announced (it stopped), or every process's (``None``:
+        this process cannot hear them start any more)."""
+        for key in [key for key in self._remote if origin is None or key[0] == origin]:
+            self._forget_remote(self._remote.pop(key)[0])
+
+    def _expire_remote(self) -> None:
+        """Announcements never said to start lapse (their process may have died): checked on a timer, since a
+        held prompt waits on them with nothing else to wake it."""
+        self._expiry = None
         remote = self._remote
+        now = time.monotonic()
         while remote:
             key, (lead, deadline) = next(iter(remote.items()))
             if deadline > now:
+                self._expiry = asyncio.get_running_loop().call_later(deadline - now, self._expire_remote)
                 return
             del remote[key]
             self._forget_remote(lead)

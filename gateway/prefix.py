@@ -123,7 +123,8 @@ class PrefixTracker:
         if started.done() or not (hashes or tokens):
             return
         number = shared.announce(replica, hashes, tokens)
-        started.add_done_callback(lambda _: shared.announce_started(replica, number))
+        if number is not None:
+            started.add_done_callback(lambda _: shared.announce_started(replica, number))
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:
         """Nothing was prefilled: withdraw what :meth:`dispatched` added beyond what was already there."""

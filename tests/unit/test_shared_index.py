@@ -83,14 +83,16 @@ async def test_an_outage_of_any_length_keeps_the_outbox_bounded(tmp_path: Path) 
 async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp_path: Path) -> None:
     stream = f"t:announce:{uuid.uuid4().hex}"
     with redis_url(tmp_path) as url:
-        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
         reader_prefills = PrefillsInFlight()
-        reader = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        reader = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
         reader.prefills = reader_prefills
         await writer.start()
         await reader.start()
         try:
+            await wait_for(lambda: writer.connected)
             number = writer.announce("r0", [21, 22], 3000)
+            assert number is not None
             await wait_for(lambda: reader_prefills.computing("r0", [21, 22], 2)[0] is not None)
             lead, blocks = reader_prefills.computing("r0", [21, 22], 2)
             assert blocks == 2 and lead is not None and not lead.started.done()
@@ -106,15 +108,16 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
     """An announcement never followed by its start (its process died) must not hold a process that joins later."""
     stream = f"t:history:{uuid.uuid4().hex}"
     with redis_url(tmp_path) as url:
-        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
         await writer.start()
+        await wait_for(lambda: writer.connected)
         writer.publish("insert", "r0", [31, 32])
         writer.announce("r0", [31, 32], 3000)
         await wait_for(lambda: writer.backlog == 0)
         await asyncio.sleep(0.05)
         late_index = make_index()
         late_prefills = PrefillsInFlight()
-        late = SharedPrefixIndex(late_index, aioredis.from_url(url, socket_timeout=1), stream=stream)
+        late = SharedPrefixIndex(late_index, aioredis.from_url(url, socket_timeout=3), stream=stream)
         late.prefills = late_prefills
         await late.start()
         try:
@@ -133,14 +136,17 @@ async def test_a_held_prompt_counts_for_other_processes_only_once_it_is_sent(tmp
     stream = f"t:held:{uuid.uuid4().hex}"
     with redis_url(tmp_path) as url:
         tracker = PrefixTracker(block_chars=64, max_blocks=8)
-        tracker.shared = SharedPrefixIndex(tracker.index, aioredis.from_url(url, socket_timeout=1), stream=stream)
+        shared = tracker.shared = SharedPrefixIndex(
+            tracker.index, aioredis.from_url(url, socket_timeout=3), stream=stream
+        )
         here = PrefillsInFlight()
         there = PrefillsInFlight()
-        other = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=1), stream=stream)
+        other = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
         other.prefills = there
-        await tracker.shared.start()
+        await shared.start()
         await other.start()
         try:
+            await wait_for(lambda: shared.connected)
             running = here.sent("r0", (1,), 0, tokens=2000, hold_beyond=1024)
             waiting = here.sent("r0", (2,), 0, tokens=2000, hold_beyond=1024)
             held = here.sent("r0", (3, 4), 0, tokens=1500, hold_beyond=1024)
@@ -156,5 +162,40 @@ async def test_a_held_prompt_counts_for_other_processes_only_once_it_is_sent(tmp
             await wait_for(lambda: there.unscheduled("r0") == 0)
             assert there.computing("r0", (3, 4), 2) == (None, 0)
         finally:
-            await tracker.shared.stop()
+            await shared.stop()
             await other.stop()
+
+
+async def test_announcements_are_dropped_when_their_process_stops_or_redis_goes(tmp_path: Path) -> None:
+    """Nothing could say they started: prompts held behind them would wait their longest."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    with redis_url(tmp_path, port=port):
+        stopping = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
+        staying = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
+        prefills = PrefillsInFlight()
+        listener = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
+        listener.prefills = prefills
+        for shared in (stopping, staying, listener):
+            await shared.start()
+        try:
+            await wait_for(lambda: stopping.connected and staying.connected and listener.connected)
+            stopping.announce("r0", [41], 700)
+            staying.announce("r0", [42], 500)
+            await wait_for(lambda: prefills.unscheduled("r0") == 1200)
+            await stopping.stop()
+            await wait_for(lambda: prefills.unscheduled("r0") == 500)
+            assert prefills.computing("r0", [41], 1) == (None, 0)
+            lead, _ = prefills.computing("r0", [42], 1)
+            assert lead is not None and not lead.started.done()
+        except BaseException:
+            await staying.stop()
+            await listener.stop()
+            raise
+    try:
+        await asyncio.wait_for(lead.started, 5)  # Redis went away: the listener cannot hear it start
+        assert prefills.unscheduled("r0") == 0 and not listener.connected
+        assert listener.announce("r0", [43], 100) is None, "nothing is announced while Redis is away"
+    finally:
+        await staying.stop()
+        await listener.stop()
