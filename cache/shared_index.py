@@ -39,7 +39,7 @@ log = logging.getLogger("spillgate.prefix.shared")
 Operation = Literal["insert", "forget", "clear", "computing", "started", "gone"]
 _ANNOUNCEMENTS = frozenset({b"computing", b"started", b"gone"})
 """Entries worth sending only now: after an outage they are stale, and they must not crowd the index's out."""
-_Entry = tuple[bytes, bytes, bytes, bytes, bytes]
+_Entry = tuple[bytes, bytes, bytes, bytes]
 _FLUSH_INTERVAL_S = 0.005
 _RETRY_S = 1.0
 
@@ -47,9 +47,7 @@ _RETRY_S = 1.0
 class RemotePrefills(Protocol):
     """What a process does with the prefills other processes announce (:class:`gateway.coalesce.PrefillsInFlight`)."""
 
-    def computing_elsewhere(
-        self, origin: bytes, number: int, replica: str, hashes: Sequence[int], tokens: int
-    ) -> None: ...
+    def computing_elsewhere(self, origin: bytes, number: int, replica: str, hashes: Sequence[int]) -> None: ...
 
     def started_elsewhere(self, origin: bytes, number: int) -> None: ...
 
@@ -84,18 +82,17 @@ class SharedPrefixIndex:
 
     # Called on the request path: cheap, never waits. ---------------------------------------------
 
-    def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0, tokens: int = 0) -> None:
-        entry = (op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode(), str(tokens).encode())
-        self._outbox.append(entry)
+    def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
+        self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
 
-    def announce(self, replica: str, hashes: Sequence[int], tokens: int) -> int | None:
-        """Tell the other processes that a request sent to ``replica`` will prefill ``tokens`` new tokens there,
-        among them the blocks ``hashes``, once it starts; the number returned is for :meth:`announce_started`.
+    def announce(self, replica: str, hashes: Sequence[int]) -> int | None:
+        """Tell the other processes that a request sent to ``replica`` will compute the blocks ``hashes`` there
+        once it starts; the number returned is for :meth:`announce_started`.
         Nothing is announced while Redis is unreachable (``None``): it would be stale by the time it arrived."""
         if not self.connected:
             return None
         self._announced += 1
-        self.publish("computing", replica, hashes, self._announced, tokens)
+        self.publish("computing", replica, hashes, self._announced)
         return self._announced
 
     def announce_started(self, replica: str, number: int) -> None:
@@ -142,8 +139,8 @@ class SharedPrefixIndex:
         self._outbox.clear()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for op, replica, hashes, depth, tokens in batch:
-                    fields = {b"o": self._origin, b"op": op, b"r": replica, b"h": hashes, b"d": depth, b"t": tokens}
+                for op, replica, hashes, depth in batch:
+                    fields = {b"o": self._origin, b"op": op, b"r": replica, b"h": hashes, b"d": depth}
                     pipe.xadd(self._stream, fields, maxlen=self._max_entries, approximate=True)
                 await pipe.execute()
         except BaseException:
@@ -197,8 +194,7 @@ class SharedPrefixIndex:
         elif op == b"clear":
             self.index.clear(replica)
         elif self.prefills is not None and live and op == b"computing":
-            tokens = int(fields.get(b"t", b"0"))
-            self.prefills.computing_elsewhere(fields[b"o"], int(fields[b"d"]), replica, hashes, tokens)
+            self.prefills.computing_elsewhere(fields[b"o"], int(fields[b"d"]), replica, hashes)
         elif self.prefills is not None and op == b"started":
             self.prefills.started_elsewhere(fields[b"o"], int(fields[b"d"]))
         elif self.prefills is not None and op == b"gone":

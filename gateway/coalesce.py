@@ -101,8 +101,6 @@ class PrefillsInFlight:
         """Per replica, when its batch in progress started (``time.monotonic``)."""
         self._remote: OrderedDict[tuple[bytes, int], tuple[Lead, float]] = OrderedDict()
         """Prefills other gateway processes sent and have not seen start, with when to stop waiting for them."""
-        self._remote_waiting: dict[str, int] = {}
-        """Per replica, the tokens of those prefills: they are ahead of this process's prompts there."""
         self._expiry: asyncio.TimerHandle | None = None
 
     def sent(
@@ -129,7 +127,7 @@ class PrefillsInFlight:
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
         self._claim_blocks(lead)
         held = self._held.get(replica)
-        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self.unscheduled(replica) >= hold_beyond):
+        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
             lead.released = loop.create_future()
             self._hold_limits[replica] = hold_beyond
             self._held.setdefault(replica, deque()).append(lead)
@@ -206,32 +204,27 @@ class PrefillsInFlight:
             self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
         pending[lead] = None
 
-    def unscheduled(self, replica: str) -> int:
-        """Tokens this process and the others have sent to ``replica`` that no prefill batch has taken yet."""
-        return self._waiting.get(replica, 0) + self._remote_waiting.get(replica, 0)
-
     def _release_held(self, replica: str) -> None:
         held = self._held.get(replica)
         if not held:
             return
         limit = self._hold_limits[replica]
-        while held and self.unscheduled(replica) < limit:
+        while held and self._waiting.get(replica, 0) < limit:
             lead = held.popleft()
             assert lead.released is not None
             lead.released.set_result(None)
             self._enter(lead)
 
-    def computing_elsewhere(self, origin: bytes, number: int, replica: str, hashes: Sequence[int], tokens: int) -> None:
-        """Gateway process ``origin`` sent a request (its ``number``) prefilling ``tokens`` new tokens on ``replica``,
-        among them the blocks ``hashes``, and has not seen its prefill start: this process's prompts are held behind
-        it as behind its own. Blocks a request of this process computes stay that request's."""
+    def computing_elsewhere(self, origin: bytes, number: int, replica: str, hashes: Sequence[int]) -> None:
+        """Gateway process ``origin`` sent a request (its ``number``) that computes the blocks ``hashes`` on
+        ``replica``, and has not seen its prefill start. Blocks a request of this process computes stay that
+        request's."""
         key = (origin, number)
         if key in self._remote:
             return
         loop = asyncio.get_running_loop()
-        lead = Lead(replica, tuple(hashes), tokens, loop.create_future())
+        lead = Lead(replica, tuple(hashes), 0, loop.create_future())
         self._remote[key] = (lead, time.monotonic() + self._remote_ttl_s)
-        self._remote_waiting[replica] = self._remote_waiting.get(replica, 0) + tokens
         self._claim_blocks(lead)
         if self._expiry is None:
             self._expiry = loop.call_later(self._remote_ttl_s, self._expire_remote)
@@ -250,7 +243,7 @@ class PrefillsInFlight:
 
     def _expire_remote(self) -> None:
         """Announcements never said to start lapse (their process may have died): checked on a timer, since a
-        held prompt waits on them with nothing else to wake it."""
+        request waiting on one has nothing else to wake it."""
         self._expiry = None
         remote = self._remote
         now = time.monotonic()
@@ -266,8 +259,6 @@ class PrefillsInFlight:
         self._release_blocks(lead)
         if not lead.started.done():
             lead.started.set_result(None)
-        self._remote_waiting[lead.replica] -= lead.tokens
-        self._release_held(lead.replica)
 
     def _claim_blocks(self, lead: Lead) -> None:
         """``lead`` computes those of its blocks no earlier request computes."""

@@ -8,8 +8,7 @@ failed request's new entries are withdrawn; a restarted replica starts empty.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,30 +98,14 @@ class PrefixTracker:
             self.shared.publish("insert", replica, fingerprint.hashes)
 
     def announce(self, replica: str, lead: Lead) -> None:
-        """``lead`` was sent to ``replica`` and waits for a prefill batch there, or is held for one: tell the other
-        gateway processes, so that their requests sharing its new blocks wait for it and, once it is at the replica,
-        their prompts queue behind it (:mod:`gateway.coalesce`). A held prompt's tokens count only once it is
-        sent: counted while held, two processes would each hold their prompts behind the other's."""
+        """``lead`` was sent to ``replica`` (or is held for it) and computes new blocks there once its prefill batch
+        forms: tell the other gateway processes, so that their requests sharing those blocks wait for it
+        (:mod:`gateway.coalesce`)."""
         shared = self.shared
-        if shared is None or lead.started.done():
+        started = lead.started
+        if shared is None or started.done() or not lead.hashes:
             return
-        released = lead.released
-        if released is None:
-            self._announce(shared, replica, lead.hashes, lead.tokens, lead.started)
-            return
-        if lead.hashes:
-            self._announce(shared, replica, lead.hashes, 0, lead.started)
-        released.add_done_callback(
-            lambda done: None if done.cancelled() else self._announce(shared, replica, (), lead.tokens, lead.started)
-        )
-
-    @staticmethod
-    def _announce(
-        shared: SharedPrefixIndex, replica: str, hashes: Sequence[int], tokens: int, started: asyncio.Future[None]
-    ) -> None:
-        if started.done() or not (hashes or tokens):
-            return
-        number = shared.announce(replica, hashes, tokens)
+        number = shared.announce(replica, lead.hashes)
         if number is not None:
             started.add_done_callback(lambda _: shared.announce_started(replica, number))
 

@@ -367,8 +367,7 @@ class CompletionsHandler:
             await asyncio.wait_for(asyncio.shield(lead.released), _longest_wait(attempt))
         except TimeoutError:
             prefilling.send_now(lead)
-        # Released by a batch forming, maybe one another process told of: the batch under way may be new.
-        self._track_batch(backend)
+            self._track_batch(backend)
         # Measured from here, behind what is booked there less this prompt and the prompts held behind it.
         held_tokens, held = prefilling.held(backend.name)
         ahead = backend.pending_prefill_tokens - held_tokens - attempt.pending_prefill

@@ -122,7 +122,7 @@ async def test_the_batch_in_progress_is_what_predictions_count_as_being_computed
 
 async def test_another_process_prefill_is_waited_for_until_it_starts() -> None:
     prefills = PrefillsInFlight()
-    prefills.computing_elsewhere(b"other", 1, "r0", (2, 3), 0)
+    prefills.computing_elsewhere(b"other", 1, "r0", (2, 3))
     local = prefills.sent("r0", (1, 2, 3, 4), cached_blocks=3, tokens=100)
     lead, blocks = prefills.computing("r0", (1, 2, 3, 4), matched_blocks=3)
     assert lead is not None and lead is not local and blocks == 2 and not lead.started.done()
@@ -137,52 +137,35 @@ async def test_another_process_prefill_is_waited_for_until_it_starts() -> None:
 async def test_a_local_prefill_keeps_its_blocks_when_another_process_announces_them() -> None:
     prefills = PrefillsInFlight()
     local = prefills.sent("r0", (1, 2), cached_blocks=0, tokens=100)
-    prefills.computing_elsewhere(b"other", 7, "r0", (1, 2), 0)
+    prefills.computing_elsewhere(b"other", 7, "r0", (1, 2))
     assert prefills.computing("r0", (1, 2), matched_blocks=2) == (local, 2)
     prefills.started_elsewhere(b"other", 7)
     assert prefills.computing("r0", (1, 2), matched_blocks=2) == (local, 2)
 
 
-async def test_a_prefill_never_said_to_start_lapses_and_releases_what_waits_on_it() -> None:
-    """The process that announced it may have died: its announcement lapses on a timer, and the prompts held
-    behind it go, though nothing else happens."""
+async def test_a_prefill_never_said_to_start_lapses_and_releases_its_waiters() -> None:
+    """The process that announced it may have died: its announcement lapses on a timer, and the requests waiting
+    for it go, though nothing else happens."""
     prefills = PrefillsInFlight(remote_ttl_s=0.05)
-    prefills.computing_elsewhere(b"gone", 1, "r0", (5, 6), 2000)
+    prefills.computing_elsewhere(b"gone", 1, "r0", (5, 6))
     lead, _ = prefills.computing("r0", (5, 6), matched_blocks=2)
-    assert lead is not None
-    held = prefills.sent("r0", (7,), 0, tokens=600, hold_beyond=1024)
-    assert held.released is not None and not held.released.done()
+    assert lead is not None and not lead.started.done()
     await asyncio.sleep(0.03)
-    prefills.computing_elsewhere(b"alive", 1, "r1", (9,), 0)
-    await asyncio.wait_for(held.released, 1)
-    assert lead.started.done() and held.started.done(), "r0 is idle as far as this process knows"
+    prefills.computing_elsewhere(b"alive", 1, "r1", (9,))
+    await asyncio.wait_for(lead.started, 1)
     assert prefills.computing("r0", (5, 6), matched_blocks=2) == (None, 0)
     later, _ = prefills.computing("r1", (9,), matched_blocks=1)
     assert later is not None and not later.started.done(), "announced later, it lapses later"
     await asyncio.wait_for(later.started, 1)
+    assert len(prefills) == 0
 
 
 async def test_a_stopped_process_is_not_waited_for() -> None:
     prefills = PrefillsInFlight()
-    prefills.computing_elsewhere(b"stopped", 1, "r0", (1,), 700)
-    prefills.computing_elsewhere(b"running", 1, "r0", (2,), 500)
+    prefills.computing_elsewhere(b"stopped", 1, "r0", (1,))
+    prefills.computing_elsewhere(b"running", 1, "r0", (2,))
     prefills.forget_elsewhere(b"stopped")
-    assert prefills.unscheduled("r0") == 500
     assert prefills.computing("r0", (1,), 1) == (None, 0)
+    assert prefills.computing("r0", (2,), 1)[0] is not None
     prefills.forget_elsewhere()
-    assert prefills.unscheduled("r0") == 0 and len(prefills) == 0
-
-
-async def test_prompts_are_held_behind_what_other_processes_sent_too() -> None:
-    """Another process's prompts waiting at the replica count as this process's own: past the limit, new
-    prompts are held, and they go once those have started."""
-    prefills = PrefillsInFlight()
-    running = prefills.sent("r0", (1,), 0, tokens=1000, hold_beyond=1024)
-    assert running.started.done()
-    prefills.computing_elsewhere(b"other", 1, "r0", (), 1500)
-    held = prefills.sent("r0", (2,), 0, tokens=800, hold_beyond=1024)
-    assert held.released is not None and not held.released.done(), "1,500 tokens of the other process wait"
-    prefills.started_elsewhere(b"other", 1)
-    assert held.released.done(), "their batch formed: nothing waits unscheduled"
-    prefills.ended(running)
-    assert held.started.done()
+    assert len(prefills) == 0

@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 from cache.index import PrefixIndex
 from cache.shared_index import SharedPrefixIndex
 from gateway.coalesce import PrefillsInFlight
-from gateway.prefix import PrefixTracker
 from tests.support.procs import free_port
 from tests.support.redis_server import redis_url
 
@@ -91,7 +90,7 @@ async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp
         await reader.start()
         try:
             await wait_for(lambda: writer.connected)
-            number = writer.announce("r0", [21, 22], 3000)
+            number = writer.announce("r0", [21, 22])
             assert number is not None
             await wait_for(lambda: reader_prefills.computing("r0", [21, 22], 2)[0] is not None)
             lead, blocks = reader_prefills.computing("r0", [21, 22], 2)
@@ -112,7 +111,7 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
         await writer.start()
         await wait_for(lambda: writer.connected)
         writer.publish("insert", "r0", [31, 32])
-        writer.announce("r0", [31, 32], 3000)
+        writer.announce("r0", [31, 32])
         await wait_for(lambda: writer.backlog == 0)
         await asyncio.sleep(0.05)
         late_index = make_index()
@@ -124,46 +123,11 @@ async def test_a_process_started_later_does_not_wait_for_announcements_in_the_hi
             await wait_for(lambda: late.applied >= 2)
             assert late_index.match([31, 32], ["r0"]) == {"r0": 2}, "the history's index entries still apply"
             assert late_prefills.computing("r0", [31, 32], 2) == (None, 0)
-            writer.announce("r0", [33], 500)
+            writer.announce("r0", [33])
             await wait_for(lambda: late_prefills.computing("r0", [33], 1)[0] is not None)
         finally:
             await writer.stop()
             await late.stop()
-
-
-async def test_a_held_prompt_counts_for_other_processes_only_once_it_is_sent(tmp_path: Path) -> None:
-    """Counted while held, two processes would each hold their prompts behind the other's held ones."""
-    stream = f"t:held:{uuid.uuid4().hex}"
-    with redis_url(tmp_path) as url:
-        tracker = PrefixTracker(block_chars=64, max_blocks=8)
-        shared = tracker.shared = SharedPrefixIndex(
-            tracker.index, aioredis.from_url(url, socket_timeout=3), stream=stream
-        )
-        here = PrefillsInFlight()
-        there = PrefillsInFlight()
-        other = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
-        other.prefills = there
-        await shared.start()
-        await other.start()
-        try:
-            await wait_for(lambda: shared.connected)
-            running = here.sent("r0", (1,), 0, tokens=2000, hold_beyond=1024)
-            waiting = here.sent("r0", (2,), 0, tokens=2000, hold_beyond=1024)
-            held = here.sent("r0", (3, 4), 0, tokens=1500, hold_beyond=1024)
-            assert held.released is not None and not held.released.done()
-            for lead in (running, waiting, held):
-                tracker.announce("r0", lead)
-            await wait_for(lambda: there.computing("r0", (3, 4), 2)[0] is not None)
-            assert there.unscheduled("r0") == 2000, "the held prompt's blocks are announced, not its tokens"
-            here.ended(running)  # the waiting prompt starts; the held one is sent and waits
-            assert waiting.started.done() and held.released.done() and not held.started.done()
-            await wait_for(lambda: there.unscheduled("r0") == 1500)
-            here.ended(waiting)
-            await wait_for(lambda: there.unscheduled("r0") == 0)
-            assert there.computing("r0", (3, 4), 2) == (None, 0)
-        finally:
-            await shared.stop()
-            await other.stop()
 
 
 async def test_announcements_are_dropped_when_their_process_stops_or_redis_goes(tmp_path: Path) -> None:
@@ -180,12 +144,11 @@ async def test_announcements_are_dropped_when_their_process_stops_or_redis_goes(
             await shared.start()
         try:
             await wait_for(lambda: stopping.connected and staying.connected and listener.connected)
-            stopping.announce("r0", [41], 700)
-            staying.announce("r0", [42], 500)
-            await wait_for(lambda: prefills.unscheduled("r0") == 1200)
+            stopping.announce("r0", [41])
+            staying.announce("r0", [42])
+            await wait_for(lambda: len(prefills) == 2)
             await stopping.stop()
-            await wait_for(lambda: prefills.unscheduled("r0") == 500)
-            assert prefills.computing("r0", [41], 1) == (None, 0)
+            await wait_for(lambda: prefills.computing("r0", [41], 1) == (None, 0))
             lead, _ = prefills.computing("r0", [42], 1)
             assert lead is not None and not lead.started.done()
         except BaseException:
@@ -194,8 +157,8 @@ async def test_announcements_are_dropped_when_their_process_stops_or_redis_goes(
             raise
     try:
         await asyncio.wait_for(lead.started, 5)  # Redis went away: the listener cannot hear it start
-        assert prefills.unscheduled("r0") == 0 and not listener.connected
-        assert listener.announce("r0", [43], 100) is None, "nothing is announced while Redis is away"
+        assert len(prefills) == 0 and not listener.connected
+        assert listener.announce("r0", [43]) is None, "nothing is announced while Redis is away"
     finally:
         await staying.stop()
         await listener.stop()
