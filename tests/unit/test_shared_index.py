@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
@@ -20,6 +21,29 @@ def make_index() -> PrefixIndex:
     index = PrefixIndex()
     index.set_capacity("r0", 1000)
     return index
+
+
+def follower(
+    url: str, stream: str, prefills: PrefillsInFlight | None = None, index: PrefixIndex | None = None
+) -> SharedPrefixIndex:
+    """A process's shared index on ``stream``; its socket timeout is above the stream reads' 1 s block, so that
+    it counts as connected once an idle read has answered."""
+    shared = SharedPrefixIndex(index or make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
+    shared.prefills = prefills
+    return shared
+
+
+@contextlib.asynccontextmanager
+async def running(*shared: SharedPrefixIndex) -> AsyncIterator[None]:
+    """Start them, connected, and stop them whatever happens."""
+    for one in shared:
+        await one.start()
+    try:
+        await wait_for(lambda: all(one.connected for one in shared))
+        yield
+    finally:
+        for one in shared:
+            await one.stop()
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -82,14 +106,9 @@ async def test_an_outage_of_any_length_keeps_the_outbox_bounded(tmp_path: Path) 
 async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp_path: Path) -> None:
     stream = f"t:announce:{uuid.uuid4().hex}"
     with redis_url(tmp_path) as url:
-        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
+        writer = follower(url, stream)
         reader_prefills = PrefillsInFlight()
-        reader = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
-        reader.prefills = reader_prefills
-        await writer.start()
-        await reader.start()
-        try:
-            await wait_for(lambda: writer.connected)
+        async with running(writer, follower(url, stream, reader_prefills)):
             number = writer.announce("r0", [21, 22])
             assert number is not None
             await wait_for(lambda: reader_prefills.computing("r0", [21, 22], 2)[0] is not None)
@@ -98,48 +117,38 @@ async def test_a_prefill_announced_by_one_process_is_waited_for_by_the_other(tmp
             writer.announce_started("r0", number)
             await asyncio.wait_for(lead.started, 5)
             assert reader_prefills.computing("r0", [21, 22], 2) == (None, 0)
-        finally:
-            await writer.stop()
-            await reader.stop()
 
 
 async def test_a_process_started_later_does_not_wait_for_announcements_in_the_history(tmp_path: Path) -> None:
     """An announcement never followed by its start (its process died) must not hold a process that joins later."""
     stream = f"t:history:{uuid.uuid4().hex}"
     with redis_url(tmp_path) as url:
-        writer = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream=stream)
-        await writer.start()
-        await wait_for(lambda: writer.connected)
-        writer.publish("insert", "r0", [31, 32])
-        writer.announce("r0", [31, 32])
-        await wait_for(lambda: writer.backlog == 0)
-        await asyncio.sleep(0.05)
-        late_index = make_index()
-        late_prefills = PrefillsInFlight()
-        late = SharedPrefixIndex(late_index, aioredis.from_url(url, socket_timeout=3), stream=stream)
-        late.prefills = late_prefills
-        await late.start()
-        try:
-            await wait_for(lambda: late.applied >= 2)
-            assert late_index.match([31, 32], ["r0"]) == {"r0": 2}, "the history's index entries still apply"
-            assert late_prefills.computing("r0", [31, 32], 2) == (None, 0)
-            writer.announce("r0", [33])
-            await wait_for(lambda: late_prefills.computing("r0", [33], 1)[0] is not None)
-        finally:
-            await writer.stop()
-            await late.stop()
+        writer = follower(url, stream)
+        async with running(writer):
+            writer.publish("insert", "r0", [31, 32])
+            writer.announce("r0", [31, 32])
+            await wait_for(lambda: writer.backlog == 0)
+            await asyncio.sleep(0.05)
+            late_index = make_index()
+            late_prefills = PrefillsInFlight()
+            late = follower(url, stream, late_prefills, late_index)
+            async with running(late):
+                await wait_for(lambda: late.applied >= 2)
+                assert late_index.match([31, 32], ["r0"]) == {"r0": 2}, "the history's index entries still apply"
+                assert late_prefills.computing("r0", [31, 32], 2) == (None, 0)
+                writer.announce("r0", [33])
+                await wait_for(lambda: late_prefills.computing("r0", [33], 1)[0] is not None)
 
 
 async def test_announcements_are_dropped_when_their_process_stops_or_redis_goes(tmp_path: Path) -> None:
-    """Nothing could say they started: prompts held behind them would wait their longest."""
+    """Nothing could say they started: requests waiting for them would wait their longest."""
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with redis_url(tmp_path, port=port):
-        stopping = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
-        staying = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
+        stopping = follower(url, "t:gone")
+        staying = follower(url, "t:gone")
         prefills = PrefillsInFlight()
-        listener = SharedPrefixIndex(make_index(), aioredis.from_url(url, socket_timeout=3), stream="t:gone")
-        listener.prefills = prefills
+        listener = follower(url, "t:gone", prefills)
         for shared in (stopping, staying, listener):
             await shared.start()
         try:
