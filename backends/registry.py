@@ -47,7 +47,7 @@ class Backend:
     """New tokens one prefill batch takes (SGLang's ``chunked_prefill_size``); 0 when unknown."""
     max_waiting_prefill: int | None = None
     """Uncached prompt tokens that may wait unscheduled there before the gateway holds new prompts back
-    (None: half a prefill batch; 0: never hold)."""
+    (None: an eighth of a prefill batch; 0: never hold)."""
     mean_service_s: float = 0.0
     tier: int = 0
     context_window: int = 0
