@@ -82,8 +82,8 @@ class PrefixAffinityScorer:
     they cut chat TTFT p99 from ~890 to ~650 ms but the extra prefill stalled decoding (TPOT p99 71 ms,
     goodput 74 -> 61/s). So moves are kept for gross overload, such as a hot prefix whose replica has no
     free slot. Since predictions count the batch under way, ``max_slowdown=2`` does cut chat's tail (by a
-    fifth at 73% busy, for a point of hit rate: docs/performance-log.md, session 14), a choice left to the
-    route because the hit-rate target forbids it.
+    tenth to a fifth at 61-73% busy, for up to 2% of the best hit rate: docs/performance-log.md, sessions 14
+    and 15), a choice left to the route because the hit-rate target forbids it.
     """
 
     min_share: float = 0.25
