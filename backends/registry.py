@@ -1,8 +1,9 @@
 """Live state of every backend, and the poller that keeps it fresh.
 
-Replicas are probed on ``/health`` and scraped on ``/metrics`` and ``/get_server_info`` off the request
-path; the gateway adds its own in-flight counts as requests come and go. Policies never see this mutable
-state: they get an immutable :class:`~policies.types.Snapshot`.
+Replicas are probed off the request path, each through its engine (:mod:`backends.engines`): a liveness check
+every interval, its ``/metrics`` scraped alongside, its limits read when it registers and after a restart, and
+now and then a check that runs a generation. The gateway adds its own in-flight counts as requests come and go.
+Policies never see this mutable state: they get an immutable :class:`~policies.types.Snapshot`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import httpx
 
+from backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
+from backends.engines.base import Get
 from backends.prefill_rate import PrefillRateEstimator
-from backends.sglang_metrics import ReplicaLoad, parse_replica_load
 from policies.types import BackendKind, BackendState, Snapshot
 
 log = logging.getLogger("spillgate.backends")
@@ -33,6 +35,11 @@ class Backend:
     base_url: str
     served_model: str
     api_key: str | None = None
+    """Sent as a bearer token: a hosted provider's key, or a replica's ``--api-key``."""
+    engine: Engine = field(default_factory=lambda: engine_named("sglang"))
+    """What kind of server a replica is: how to probe it and read its load (:mod:`backends.engines`)."""
+    info: ReplicaInfo | None = None
+    """What the replica said about itself when it registered; None until then, and again after a restart."""
     healthy: bool = True
     consecutive_failures: int = 0
     lost_connection: bool = False
@@ -81,6 +88,8 @@ class Backend:
     peer_prefilled_at_first_token: int = 0
     """``peer_prefilled_tokens`` when this process's latest first token came back from here."""
     max_total_tokens: int = 0
+    generation_failed: bool = False
+    """The last generation check failed: the process answers but does not generate."""
     last_error: str = ""
     prefill: PrefillRateEstimator = field(init=False)
     request_headers: tuple[tuple[bytes, bytes], ...] = ()
@@ -88,9 +97,14 @@ class Backend:
 
     def __post_init__(self) -> None:
         self.prefill = PrefillRateEstimator(self.prefill_tokens_per_s)
+        self.use_key(self.api_key)
+
+    def use_key(self, api_key: str | None) -> None:
+        """Send ``api_key`` as a bearer token from now on, with requests and probes alike."""
+        self.api_key = api_key
         headers = [(b"content-type", b"application/json")]
-        if self.api_key:
-            headers.append((b"authorization", f"Bearer {self.api_key}".encode()))
+        if api_key:
+            headers.append((b"authorization", f"Bearer {api_key}".encode()))
         self.request_headers = tuple(headers)
 
     def own_pending_prefill(self, now: float) -> int:
@@ -144,6 +158,21 @@ class Backend:
         """Fold one finished request's end-to-end time into the recent mean."""
         self.mean_service_s = _ewma(self.mean_service_s, seconds)
 
+    def observe_usage(self, usage: Mapping[str, object]) -> None:
+        """Learn from a response whether the replica reports cached tokens (a vLLM replica does not say so before)."""
+        info = self.info
+        if info is None or self.kind != "replica":
+            return
+        details = usage.get("prompt_tokens_details")
+        reported = isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int)
+        if info.cache_report is None or info.cache_report != reported:
+            missing = [m for m in info.missing if not m.startswith(_CACHE_REPORT)]
+            flag = self.engine.cache_report_flag
+            if not reported:
+                missing.append(f"{_CACHE_REPORT}: start the server with {flag}" if flag else _CACHE_REPORT)
+                log.warning("replica %s reports no cached tokens: %s", self.name, missing[-1])
+            self.info = replace(info, cache_report=reported, missing=tuple(missing))
+
     def observe_latency(self, ttft_s: float | None, tpot_s: float | None) -> None:
         """Fold a streamed request's TTFT and TPOT into the recent means (what hosted decisions predict from)."""
         if ttft_s is not None:
@@ -153,6 +182,13 @@ class Backend:
 
 
 _new_state = tuple.__new__
+
+
+def _auth_headers(backend: Backend) -> dict[str, str]:
+    return {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+
+
+_CACHE_REPORT = "cached-token feedback to the prefix index"
 
 
 def _ewma(current: float, sample: float, weight: float = 0.1) -> float:
@@ -177,13 +213,18 @@ class BackendRegistry:
         interval_s: float,
         timeout_s: float,
         unhealthy_after: int,
+        generation_check_s: float = 0.0,
         events: ReplicaEvents | None = None,
     ) -> None:
+        """``generation_check_s``: how often to run the engines' generation checks (0: never)."""
         self._backends = {b.name: b for b in backends}
         self._events = events
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._unhealthy_after = unhealthy_after
+        self._generation_every = max(1, round(generation_check_s / interval_s)) if generation_check_s > 0 else 0
+        self._checking: set[str] = set()
+        self._check_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._http: httpx.AsyncClient | None = None
 
@@ -221,10 +262,11 @@ class BackendRegistry:
         self._task = asyncio.create_task(self._poll_forever(), name="spillgate-backend-poller")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._check_tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._http is not None:
             await self._http.aclose()
 
@@ -233,33 +275,52 @@ class BackendRegistry:
         await asyncio.gather(*(self._probe(b) for b in replicas))
 
     async def _poll_forever(self) -> None:
+        polls = 0
         while True:
             await asyncio.sleep(self._interval_s)
+            polls += 1
+            if self._generation_every and polls % self._generation_every == 0:
+                self._start_generation_checks()
             await self.poll_once()
 
-    async def _probe(self, backend: Backend) -> None:
+    def _get(self, backend: Backend, timeout: float | None = None) -> Get:
         assert self._http is not None
+        http, headers = self._http, _auth_headers(backend)
+        extra = {"timeout": timeout} if timeout is not None else {}
+
+        async def get(path: str) -> httpx.Response:
+            return await http.get(backend.base_url + path, headers=headers, **extra)
+
+        return get
+
+    async def _probe(self, backend: Backend) -> None:
+        get = self._get(backend)
+        engine = backend.engine
         try:
-            health = await self._http.get(backend.base_url + "/health")
-            health.raise_for_status()
+            alive = await get(engine.liveness_path)
+            if alive.status_code == 404 and engine.liveness_path != "/health":
+                alive = await get("/health")  # an older server without the engine's quick check
+            alive.raise_for_status()
             # A replica that only answered slowly or with an error status kept its cache. One that refused
             # connections, or whose counters started again (even between two probes), is a new process: it
-            # comes back with an empty cache and perhaps a new capacity.
+            # comes back with an empty cache and perhaps new limits.
             restarted = backend.lost_connection
-            metrics = await self._http.get(backend.base_url + "/metrics")
-            if metrics.status_code == 200:
-                load = parse_replica_load(metrics.text)
-                restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
-                backend.load = load
-                ours = backend.in_flight + backend.peer_in_flight
-                backend.external_load = max(0, load.running + load.queued - ours)
+            if engine.metrics_path is not None and (backend.info is None or backend.info.metrics):
+                metrics = await get(engine.metrics_path)
+                if metrics.status_code == 200:
+                    load = engine.parse_load(metrics.text)
+                    restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
+                    backend.load = load
+                    ours = backend.in_flight + backend.peer_in_flight
+                    backend.external_load = max(0, load.running + load.queued - ours)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
-                backend.max_total_tokens = 0  # read again: a new process may have another capacity
+                backend.info = None  # read again: a new process may have other limits
+                backend.max_total_tokens = 0
                 if self._events is not None:
                     self._events.restarted(backend.name)
-            if backend.max_total_tokens == 0:
-                await self._read_server_info(backend)
+            if backend.info is None:
+                await self._describe(backend, get)
         except (httpx.HTTPError, ValueError) as exc:
             backend.consecutive_failures += 1
             backend.last_error = f"probe failed: {type(exc).__name__}"
@@ -268,22 +329,57 @@ class BackendRegistry:
                 log.warning("replica %s is unhealthy: %s", backend.name, backend.last_error)
                 backend.healthy = False
             return
+        if backend.generation_failed:
+            return  # alive, but it generated nothing in its last check: out until a check passes
         if not backend.healthy:
             log.info("replica %s is healthy again", backend.name)
         backend.lost_connection = False
         backend.consecutive_failures = 0
         backend.healthy = True
         backend.unhealthy_until = 0.0
+        backend.last_error = ""
 
-    async def _read_server_info(self, backend: Backend) -> None:
-        """Capacity and limits from ``/get_server_info``; tolerant of a replica that does not serve it."""
-        assert self._http is not None
-        info = await self._http.get(backend.base_url + "/get_server_info")
-        if info.status_code != 200:
-            return
-        server_info = info.json()
-        backend.max_total_tokens = int(server_info.get("max_total_num_tokens") or 0)
-        backend.max_running = int(server_info.get("max_running_requests") or 0)
-        backend.prefill_batch_tokens = max(0, int(server_info.get("chunked_prefill_size") or 0))
-        if backend.max_total_tokens and self._events is not None:
-            self._events.capacity_known(backend.name, backend.max_total_tokens)
+    async def _describe(self, backend: Backend, get: Get) -> None:
+        """Limits and switched-on features from the replica itself; a server that does not say keeps the
+        configured figures (and an index sized by assumption)."""
+        try:
+            info = await backend.engine.describe(get, backend.served_model)
+        except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as exc:
+            log.warning("replica %s did not describe itself (%s): using configured limits", backend.name, exc)
+            info = ReplicaInfo()
+        backend.info = info
+        backend.max_total_tokens = info.max_total_tokens
+        backend.max_running = info.max_running
+        backend.prefill_batch_tokens = info.prefill_batch_tokens
+        if info.context_window:
+            backend.context_window = info.context_window
+        for feature in info.missing:
+            log.warning("replica %s (%s): without %s", backend.name, backend.engine.name, feature)
+        if info.max_total_tokens and self._events is not None:
+            self._events.capacity_known(backend.name, info.max_total_tokens)
+
+    def _start_generation_checks(self) -> None:
+        """At most one check under way per replica; each runs as long as its engine's own check may take."""
+        for backend in self._backends.values():
+            check = backend.engine.generation_check
+            if backend.kind != "replica" or check is None or backend.name in self._checking:
+                continue
+            self._checking.add(backend.name)
+            task = asyncio.create_task(self._check_generation(backend, *check))
+            self._check_tasks.add(task)
+            task.add_done_callback(self._check_tasks.discard)
+
+    async def _check_generation(self, backend: Backend, path: str, timeout_s: float) -> None:
+        try:
+            response = await self._get(backend, timeout_s)(path)
+            failed = response.status_code != 200 and response.status_code != 404
+            reason = f"generation check failed: {response.status_code}"
+        except httpx.HTTPError as exc:
+            failed, reason = True, f"generation check failed: {type(exc).__name__}"
+        finally:
+            self._checking.discard(backend.name)
+        if failed and not backend.generation_failed:
+            log.warning("replica %s is unhealthy: %s", backend.name, reason)
+            backend.healthy = False
+            backend.last_error = reason
+        backend.generation_failed = failed

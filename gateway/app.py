@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from backends.registry import Backend
 from gateway.admin import admin_router
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
@@ -133,6 +134,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 "ttft_ms": round(b.ttft_s * 1000, 1),
                 "tpot_ms": round(b.tpot_s * 1000, 2),
                 "last_error": b.last_error or None,
+                **_replica_health(b),
             }
             for b in state.registry
         }
@@ -202,3 +204,15 @@ def build_control_app(state: GatewayState) -> FastAPI:
     app.include_router(dashboard_router(state))
     install_openapi(app)
     return app
+
+
+def _replica_health(backend: Backend) -> dict[str, object]:
+    """A replica's engine, what it told the gateway about itself, and the features it lacks (with their flags)."""
+    if backend.kind != "replica":
+        return {}
+    info = backend.info
+    return {
+        "engine": backend.engine.name,
+        "capabilities": info.capabilities() if info is not None else None,
+        "degraded": list(info.missing) if info is not None else [],
+    }

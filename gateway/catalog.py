@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backends.engines import Engine, engine_named
 from backends.hosted import HostedModel, PriceOverride
 from backends.prefill_rate import PrefillRateEstimator
 from backends.registry import Backend
@@ -60,14 +61,17 @@ def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping
 
 
 def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Backend]) -> list[Backend]:
+    api_key = resolve_secret(pool.api_key) if pool.api_key else None
     backends = []
     for index, url in enumerate(urls):
-        backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"))
+        backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"), engine_named(pool.engine))
         backend.served_model = pool.served_model
+        backend.use_key(api_key)
         backend.prefill_tokens_per_s = pool.prefill_tokens_per_s
         backend.max_waiting_prefill = pool.max_waiting_prefill_tokens
         backend.tier = pool.tier
-        backend.context_window = pool.context_window
+        if backend.info is None or not backend.info.context_window:
+            backend.context_window = pool.context_window
         # A replica's cost is its GPU time: $/hour over the tokens it produces in an hour.
         backend.usd_per_mtok_out = pool.gpu_usd_per_hour / (pool.output_tokens_per_s * 3600) * 1e6
         backends.append(backend)
@@ -95,11 +99,18 @@ def _hosted_backend(hosted: HostedModelConfig, model: HostedModel, existing: Map
     return backend
 
 
-def _reuse(existing: Mapping[str, Backend], name: str, kind: str, base_url: str) -> Backend:
+def _reuse(
+    existing: Mapping[str, Backend], name: str, kind: str, base_url: str, engine: Engine | None = None
+) -> Backend:
+    """The backend of that name if it is still the same server (kind, address and engine), else a new one."""
     backend = existing.get(name)
-    if backend is not None and backend.kind == kind and backend.base_url == base_url:
+    same_engine = backend is not None and (engine is None or backend.engine is engine)
+    if backend is not None and same_engine and backend.kind == kind and backend.base_url == base_url:
         return backend
-    return Backend(name, kind, base_url, "")  # type: ignore[arg-type]
+    fresh = Backend(name, kind, base_url, "")  # type: ignore[arg-type]
+    if engine is not None:
+        fresh.engine = engine
+    return fresh
 
 
 def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dict[str, HostedModel]:

@@ -9,12 +9,15 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backends.engines import EngineName
 from policies.engine import Policy, with_weights
 from policies.plugins import PrefixAffinityScorer
 from policies.registry import build_policy
 
 DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
 
+RECOMMENDED_SGLANG_FLAGS = ("--enable-metrics", "--enable-cache-report")
+"""What an SGLang replica needs for the gateway to get every signal it uses (README, Real engines)."""
 PolicyName = Literal["round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
 _DIGEST = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
@@ -69,11 +72,15 @@ class TimeoutsConfig(Strict):
 
 
 class HealthConfig(Strict):
-    """How often replicas are probed (``/health``) and scraped (``/metrics``, ``/get_server_info``)."""
+    """How replicas are probed: a quick liveness check and a ``/metrics`` scrape every interval, their limits read
+    when they register, and now and then the engine's check that runs a generation (SGLang's ``/health``)."""
 
     interval_s: float = Field(default=1.0, gt=0)
-    timeout_s: float = Field(default=2.0, gt=0)
-    unhealthy_after: int = Field(default=2, ge=1)
+    timeout_s: float = Field(default=2.0, gt=0, description="for the liveness check and the scrape")
+    unhealthy_after: int = Field(default=2, ge=1, description="failed liveness checks in a row")
+    generation_check_s: float = Field(
+        default=10.0, ge=0, description="how often to run the engine's generation check, if it has one (0: never)"
+    )
 
 
 class SimulatedReplicas(Strict):
@@ -82,17 +89,25 @@ class SimulatedReplicas(Strict):
     count: int = Field(default=1, ge=1, le=64)
     preset: str = "llama-3.1-8b-h100"
     time_scale: float = Field(default=1.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(
+        default_factory=lambda: list(RECOMMENDED_SGLANG_FLAGS),
+        description="flags for each simulated replica, SGLang's own names (default: the recommended "
+        "--enable-metrics --enable-cache-report; [] runs them on SGLang's bare defaults)",
+    )
 
 
 class PoolConfig(Strict):
-    """A set of interchangeable SGLang replicas serving one model."""
+    """A set of interchangeable replicas of one engine serving one model."""
 
     name: Name
     served_model: str = Field(min_length=1, description="the model name the replicas expect in requests")
+    engine: EngineName = Field(default="sglang", description="sglang, vllm, or openai (any compatible server)")
     replicas: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=list)
+    api_key: str | None = Field(default=None, description="the replicas' --api-key: literal, or os.environ/NAME")
     simulated: SimulatedReplicas | None = None
-    context_window: int = Field(default=131072, gt=0)
+    context_window: int = Field(
+        default=131072, gt=0, description="until a replica lists its own max_model_len, which then wins"
+    )
     prefill_tokens_per_s: float = Field(default=20000.0, gt=0, description="uncached prompt tokens/s, for TTFT")
     max_waiting_prefill_tokens: int | None = Field(
         default=None,

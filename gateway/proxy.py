@@ -64,19 +64,6 @@ _LONGEST_HOLD_S = 10.0
 """The longest a request is held at the gateway, for another's prefill or for room at its replica (or its
 tenant's TTFT target, if shorter)."""
 _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
-_GATEWAY_OWNED_FIELDS = (
-    "rid",
-    "bootstrap_host",
-    "bootstrap_port",
-    "bootstrap_room",
-    "lora_path",
-    "custom_logit_processor",
-    "data_parallel_rank",
-    "priority",
-    "return_hidden_states",
-)
-"""SGLang request fields a client must not set: they would name another host (disaggregation bootstrap),
-load files or code on the replica, jump the queue, or collide with other requests' ids."""
 
 
 class CompletionsHandler:
@@ -313,7 +300,7 @@ class CompletionsHandler:
 
     async def _serve_replica(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
         payload = parsed.payload
-        prepare_replica_payload(payload, backend.served_model, attempt.tenant)
+        prepare_replica_payload(payload, backend.served_model, attempt.tenant, backend.engine.owned_fields)
         if parsed.stream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
@@ -330,6 +317,15 @@ class CompletionsHandler:
             if response.status >= 500:
                 raise TryElsewhere(
                     ApiError(502, f"Backend {backend.name} answered {response.status}.", code="backend_error"),
+                    retryable=True,
+                )
+            if response.status in (401, 403):
+                # The gateway's own key was refused, not the client's: a misconfigured pool, worth another replica.
+                log.warning(
+                    "backend %s refused the gateway's key (%s): check the pool's api_key", backend.name, response.status
+                )
+                raise TryElsewhere(
+                    ApiError(502, f"Backend {backend.name} refused the gateway's credentials.", code="backend_auth"),
                     retryable=True,
                 )
             if response.status >= 400:
@@ -438,6 +434,8 @@ class CompletionsHandler:
             self._state.prefilling.ended(attempt.lead)
             attempt.lead = None
             self._track_batch(backend)
+        if attempt.usage is not None:
+            backend.observe_usage(attempt.usage)
         fingerprint = attempt.fingerprint
         if fingerprint is None:
             return
@@ -486,7 +484,7 @@ class CompletionsHandler:
             body = await response.read()
         except HttpError:
             body = b""
-        body = _as_openai_error(body, response.status, attempt.backend)
+        body = _as_openai_error(body, response.status, attempt.backend, attempt.served_by)
         await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "client_error"
 
@@ -514,10 +512,13 @@ def _quota_error(refused: QuotaExceeded) -> ApiError:
     )
 
 
-def prepare_replica_payload(payload: dict[str, Any], served_model: str, tenant: Tenant | None) -> None:
-    """Rewrite a client's body for SGLang: its model name, the tenant's cache salt, no gateway-owned fields."""
+def prepare_replica_payload(
+    payload: dict[str, Any], served_model: str, tenant: Tenant | None, owned_fields: tuple[str, ...]
+) -> None:
+    """Rewrite a client's body for a replica: its model name, the tenant's cache salt, none of the fields its
+    engine lets only the gateway set."""
     payload["model"] = served_model
-    for owned in _GATEWAY_OWNED_FIELDS:
+    for owned in owned_fields:
         payload.pop(owned, None)
     salt = tenant.cache_salt(payload.pop("cache_salt", None)) if tenant else None
     if salt is not None:
@@ -558,21 +559,18 @@ def _usage_of(body: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-def _as_openai_error(body: bytes, status: int, backend: str) -> bytes:
-    """A backend's 4xx body in OpenAI's shape, its message kept: passed on as it is when already in that shape,
-    rewrapped when flat as SGLang writes it (``{"object": "error", "message": ...}``), else a generic refusal."""
+def _as_openai_error(body: bytes, status: int, name: str, backend: Backend | None) -> bytes:
+    """A replica's 4xx body in OpenAI's shape with the engine's message kept (SGLang writes it flat, vLLM as
+    OpenAI does), else a generic refusal."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
-    if isinstance(parsed, dict):
-        if isinstance(parsed.get("error"), dict):
-            return body
-        message = parsed.get("message")
-        if parsed.get("object") == "error" and isinstance(message, str) and message:
-            param = parsed.get("param")
-            return error_body(status, f"Backend {backend}: {message}", param=param if isinstance(param, str) else None)
-    return error_body(status, f"Backend {backend} refused the request.", code="backend_refused")
+    found = backend.engine.error_message(parsed) if backend is not None else None
+    if found is not None:
+        message, param = found
+        return error_body(status, f"Backend {name}: {message}", param=param)
+    return error_body(status, f"Backend {name} refused the request.", code="backend_refused")
 
 
 def _upstream_error(exc: HttpError, backend: str) -> ApiError:

@@ -124,7 +124,10 @@ def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[
         started.append(url)
         # litellm appends /chat/completions to an OpenAI-style base and /v1/messages to Anthropic's.
         hosted_urls[hosted.name] = url if hosted.model.startswith("anthropic/") else url + "/v1"
-    children.wait_ready([u for urls in replica_urls.values() for u in urls] + started)
+    # A simulated replica answers /ready at once, as SGLang does; its /health runs a generation.
+    children.wait_ready(
+        [u + "/ready" for urls in replica_urls.values() for u in urls] + [u + "/health" for u in started]
+    )
     return replica_urls, hosted_urls
 
 

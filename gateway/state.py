@@ -150,6 +150,7 @@ def build_state(
         interval_s=config.health.interval_s,
         timeout_s=config.health.timeout_s,
         unhealthy_after=config.health.unhealthy_after,
+        generation_check_s=config.health.generation_check_s,
         events=prefix,
     )
     state = GatewayState(

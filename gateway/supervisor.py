@@ -48,7 +48,7 @@ class ChildProcesses:
         return f"http://{self._host}:{port}"
 
     def wait_ready(self, urls: Sequence[str], timeout_s: float = 30.0) -> None:
-        """Block until every URL answers ``/health`` with 200; raise if a child dies or time runs out."""
+        """Block until every URL (a child's readiness check) answers 200; raise if a child dies or time runs out."""
         deadline = time.monotonic() + timeout_s
         pending = list(urls)
         while pending:
@@ -57,7 +57,7 @@ class ChildProcesses:
                     raise RuntimeError(f"simulator (pid {child.pid}) exited with code {child.returncode}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"simulators not ready after {timeout_s}s: {pending}")
-            pending = [url for url in pending if not _answers(url + "/health")]
+            pending = [url for url in pending if not _answers(url)]
             if pending:
                 time.sleep(0.05)
 

@@ -41,6 +41,15 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunked-prefill-size", type=int, default=None, help="-1 disables chunked prefill")
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context-length", type=int, default=None, help="shorter than the model's own")
+    # SGLang's switches, off by default as in SGLang (see backends/sim/CONTRACT.md).
+    parser.add_argument("--enable-metrics", action="store_true", help="serve /metrics (404 without)")
+    parser.add_argument("--enable-cache-report", action="store_true", help="report usage.prompt_tokens_details")
+    parser.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)"
+    )
+    parser.add_argument("--disable-overlap-schedule", action="store_true")
+    parser.add_argument("--schedule-policy", default="fcfs", choices=["fcfs", "lpm", "random", "dfs-weight", "lof"])
     parser.set_defaults(handler=run_replica)
 
 
@@ -77,6 +86,12 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=args.max_running_requests,
         seed=args.seed,
+        context_length_override=args.context_length,
+        enable_metrics=args.enable_metrics,
+        enable_cache_report=args.enable_cache_report,
+        api_key=args.api_key,
+        disable_overlap_schedule=args.disable_overlap_schedule,
+        schedule_policy=args.schedule_policy,
     )
 
 

@@ -29,3 +29,7 @@ class VirtualClock:
         """Wait until the wall clock reaches simulated ``instant``; always yields to the event loop."""
         delay = self._origin + instant * self.time_scale - time.monotonic()
         await asyncio.sleep(max(0.0, delay))
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of simulated time."""
+        await asyncio.sleep(max(0.0, seconds * self.time_scale))

@@ -16,7 +16,8 @@ MAX_PREFILL_TOKENS = 16384
 
 @dataclass(frozen=True)
 class ReplicaConfig:
-    """Options of ``spillgate sim-replica``; ``None`` means "as SGLang would pick for the preset"."""
+    """Options of ``spillgate sim-replica``, under SGLang's flag names and with SGLang's defaults; ``None`` means
+    "as SGLang would pick for the preset"."""
 
     preset: str = "llama-3.1-8b-h100"
     host: str = "127.0.0.1"
@@ -28,7 +29,16 @@ class ReplicaConfig:
     chunked_prefill_size: int | None = None
     max_running_requests: int | None = None
     seed: int = 0
-    enable_cache_report: bool = True
+    context_length_override: int | None = None
+    """``--context-length``: shorter than the model's own."""
+    enable_metrics: bool = False
+    """``--enable-metrics``: without it SGLang serves no ``/metrics`` (404)."""
+    enable_cache_report: bool = False
+    """``--enable-cache-report``: without it ``usage.prompt_tokens_details`` is null."""
+    api_key: str | None = None
+    """``--api-key``: every route but ``/health*``, ``/ready*`` and ``/metrics*`` needs ``Bearer <key>``."""
+    disable_overlap_schedule: bool = False
+    schedule_policy: str = "fcfs"
 
     @cached_property
     def preset_spec(self) -> Preset:
@@ -44,7 +54,7 @@ class ReplicaConfig:
 
     @cached_property
     def context_length(self) -> int:
-        return self.preset_spec.served_context_length
+        return self.context_length_override or self.preset_spec.served_context_length
 
     @cached_property
     def mem_fraction_static(self) -> float:
@@ -100,19 +110,20 @@ class ReplicaConfig:
             "dtype": "auto",
             "kv_cache_dtype": "auto",
             "quantization": "fp8" if preset.model.weight_bytes_per_param == 1 else None,
-            "context_length": self.context_length,
+            "context_length": self.context_length_override,
             "device": "cuda",
             "served_model_name": self.served_model_name,
             "is_embedding": False,
             "host": self.host,
             "port": self.port,
             "mem_fraction_static": self.mem_fraction_static,
-            "max_running_requests": self.resolved_max_running_requests,
+            # Null unless set by flag, as in SGLang: the limit it applies is in internal_states.
+            "max_running_requests": self.max_running_requests,
             "max_queued_requests": None,
             "max_total_tokens": self.max_total_tokens or preset.max_total_tokens,
             "chunked_prefill_size": self.resolved_chunked_prefill_size,
             "max_prefill_tokens": MAX_PREFILL_TOKENS,
-            "schedule_policy": "fcfs",
+            "schedule_policy": self.schedule_policy,
             "schedule_conservativeness": 1.0,
             "enable_priority_scheduling": False,
             "page_size": self.page_size,
@@ -125,12 +136,14 @@ class ReplicaConfig:
             "incremental_streaming_output": False,
             "random_seed": self.seed,
             "log_level": "warning",
-            "enable_metrics": True,
+            "enable_metrics": self.enable_metrics,
             "enable_cache_report": self.enable_cache_report,
+            "disable_overlap_schedule": self.disable_overlap_schedule,
+            "decode_log_interval": 40,
             "disable_radix_cache": False,
             "radix_eviction_policy": "lru",
             "enable_mixed_chunk": False,
             "disaggregation_mode": "null",
-            "api_key": None,
+            "api_key": None if self.api_key is None else "<redacted>",
             "weight_version": "default",
         }

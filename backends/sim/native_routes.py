@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -31,20 +30,28 @@ FLUSH_OK = (
 router = APIRouter()
 
 
-@router.get("/health")
-async def health() -> Response:
+@router.get("/ready")
+async def ready() -> Response:
+    """Answered by the HTTP process at once: the server is up."""
     return Response(status_code=200)
 
 
+@router.get("/health")
 @router.get("/health_generate")
 async def health_generate(replica: ReplicaDep) -> Response:
-    """Generate one token end to end, as SGLang does, to prove the scheduler is alive."""
+    """As SGLang's default ``/health``: send a one-token generation, then look once a (simulated) second whether
+    the scheduler has answered anything since; 503 after 20 s of silence."""
     handle = replica.engine.submit([0], GenerationParams(max_new_tokens=1, exact_length=True, log_metrics=False))
+    waited = 0.0
     try:
-        await asyncio.wait_for(handle.result(), HEALTH_CHECK_TIMEOUT_S)
-    except TimeoutError:
+        while waited < HEALTH_CHECK_TIMEOUT_S:
+            await replica.clock.sleep(1.0)
+            waited += 1.0
+            if handle.req.output_ids or replica.scheduler.stats().num_running_reqs:
+                return Response(status_code=200)
         return Response(status_code=503)
-    return Response(status_code=200)
+    finally:
+        handle.close()
 
 
 def _model_info(replica: Replica) -> dict[str, Any]:
@@ -248,4 +255,6 @@ async def loads(replica: ReplicaDep) -> OrjsonResponse:
 
 @router.get("/metrics")
 async def metrics(replica: ReplicaDep) -> Response:
+    if not replica.config.enable_metrics:
+        return OrjsonResponse({"detail": "Not Found"}, status_code=404)  # SGLang mounts it only with the flag
     return Response(content=replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -73,6 +74,7 @@ def _submit(
     replica: Replica, input_ids: list[int], body: ChatCompletionRequest | CompletionRequest, limit: int | None
 ) -> RequestHandle:
     """A client limit (or ignore_eos) makes the reply exactly that long, as max_tokens does on GPU."""
+    check_sampling(body)
     params = GenerationParams(
         max_new_tokens=limit,
         exact_length=limit is not None or body.ignore_eos,
@@ -84,6 +86,20 @@ def _submit(
         stream=body.stream,
     )
     return replica.engine.submit(input_ids, params)
+
+
+def check_sampling(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """SGLang's ``SamplingParams.verify`` checks, with its messages (``sampling/sampling_params.py``)."""
+    temperature = getattr(body, "temperature", None)
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0.0):
+        raise ValueError(f"temperature must be a non-negative finite number, got {float(temperature)}.")
+    top_p = getattr(body, "top_p", None)
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {float(top_p)}.")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(body, name, None)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise ValueError(f"{name} must be in [-2, 2], got {float(value)}.")
 
 
 @router.post("/v1/chat/completions", dependencies=[Depends(require_json)])

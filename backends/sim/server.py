@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 
 from backends.sim import native_routes, openai_routes
 from backends.sim.config import ReplicaConfig
@@ -33,6 +34,26 @@ def create_app(config: ReplicaConfig) -> FastAPI:
     app.state.replica = replica
     app.state.stop_generation = replica.scheduler.abort_all
     install_error_handlers(app)
+    if config.api_key is not None:
+        require_api_key(app, config.api_key)
     app.include_router(native_routes.router)
     app.include_router(openai_routes.router)
     return app
+
+
+_OPEN_PATHS = ("/health", "/ready", "/metrics")
+"""What SGLang's ``--api-key`` leaves open (``utils/auth.py``): probes and scrapes need no key."""
+
+
+def require_api_key(app: FastAPI, api_key: str) -> None:
+    """Refuse every other route without ``Authorization: Bearer <api_key>``: 401 ``{"error": "Unauthorized"}``."""
+    expected = api_key.encode()
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if request.method == "OPTIONS" or request.url.path.startswith(_OPEN_PATHS):
+            return await call_next(request)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected):
+            return Response(b'{"error":"Unauthorized"}', status_code=401, media_type="application/json")
+        return await call_next(request)

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config import RECOMMENDED_SGLANG_FLAGS
 from tests.bench.services import REPO_ROOT, Service, free_port, http_request, wait_until
 
 PRESET = "llama-3.1-8b-h100"
@@ -188,7 +189,9 @@ class Cluster:
     services: list[Service] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
 
-    def start(self, count: int, extra_args: Sequence[str] = (), name: str = "replica") -> None:
+    def start(self, count: int, extra_args: Sequence[str] = (), name: str = "replica", *, bare: bool = False) -> None:
+        """``count`` replicas with the recommended SGLang flags, or (``bare``) on SGLang's own defaults."""
+        extra_args = [*(() if bare else RECOMMENDED_SGLANG_FLAGS), *extra_args]
         for index in range(count):
             port = free_port()
             argv = [
@@ -198,7 +201,7 @@ class Cluster:
             self.services.append(start(f"{name}-{index}", argv, self.log_dir))
             self.urls.append(f"http://127.0.0.1:{port}")
         for service, url in zip(self.services, self.urls, strict=True):
-            wait_until(service, lambda url=url: http_request(url + "/health")[0] == 200, timeout=60, what="/health")
+            wait_until(service, lambda url=url: http_request(url + "/ready")[0] == 200, timeout=60, what="/ready")
 
     def stop(self) -> None:
         for service in reversed(self.services):

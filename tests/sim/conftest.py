@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from gateway.config import RECOMMENDED_SGLANG_FLAGS
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 StartReplica = Callable[..., RunningProcess]
@@ -19,8 +20,12 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartReplica
     started: list[RunningProcess] = []
 
     def start(command: str, *args: str) -> RunningProcess:
+        """Simulated replicas get the recommended flags unless ``--bare`` is the first argument."""
         port = free_port()
-        proc = start_spillgate([command, "--port", str(port), *args], port=port, log_dir=log_dir)
+        if command == "sim-replica":
+            args = args[1:] if args[:1] == ("--bare",) else (*RECOMMENDED_SGLANG_FLAGS, *args)
+        ready = "/ready" if command == "sim-replica" else "/health"
+        proc = start_spillgate([command, "--port", str(port), *args], port=port, log_dir=log_dir, ready_path=ready)
         started.append(proc)
         return proc
 

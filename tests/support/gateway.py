@@ -12,6 +12,7 @@ import pytest
 import yaml
 from openai.types import CompletionUsage
 
+from gateway.config import RECOMMENDED_SGLANG_FLAGS
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 TENANT_KEY = "sk-test-tenant"
@@ -47,10 +48,15 @@ def start_gateway(config: dict[str, Any], tmp_path: Path, *, ready_path: str = "
     )
 
 
-def start_replica(tmp_path: Path, *args: str, port: int | None = None) -> RunningProcess:
+def start_replica(tmp_path: Path, *args: str, port: int | None = None, bare: bool = False) -> RunningProcess:
+    """A simulated SGLang replica with the recommended flags (``bare``: on SGLang's own defaults)."""
     port = port or free_port()
+    flags = () if bare else RECOMMENDED_SGLANG_FLAGS
     return start_spillgate(
-        ["sim-replica", "--port", str(port), "--model-name", "sim-model", *args], port=port, log_dir=tmp_path
+        ["sim-replica", "--port", str(port), "--model-name", "sim-model", *flags, *args],
+        port=port,
+        log_dir=tmp_path,
+        ready_path="/ready",
     )
 
 

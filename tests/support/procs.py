@@ -64,17 +64,29 @@ def start_spillgate(
     env: dict[str, str] | None = None,
 ) -> RunningProcess:
     """Run ``python -m gateway.cli ARGS`` in its own process group and wait until ``ready_path`` answers 200."""
+    command = [sys.executable, "-m", "gateway.cli", *args]
+    return start_process(command, port=port, log_dir=log_dir, ready_path=ready_path, timeout=timeout, env=env)
+
+
+def start_process(
+    command: Sequence[str],
+    *,
+    port: int,
+    log_dir: Path,
+    ready_path: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    name: str = "spillgate",
+    cwd: Path = REPO_ROOT,
+) -> RunningProcess:
+    """Run ``command`` in its own process group, its output in ``log_dir``, and wait until it serves
+    ``ready_path`` on ``port``; stopped (by PID) if it does not."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"spillgate-{port}.log"
+    log_path = log_dir / f"{name}-{port}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("wb") as log_file:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", *args],
-            cwd=REPO_ROOT,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
+            list(command), cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )
     proc = RunningProcess(popen=popen, url=f"http://127.0.0.1:{port}", log_path=log_path)
     try:
@@ -96,4 +108,4 @@ def wait_until_ready(proc: RunningProcess, path: str, timeout: float) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.05)
-    raise TimeoutError(f"{proc.url}{path} not ready after {timeout}s:\n{proc.log()}")
+    raise TimeoutError(f"{proc.url}{path} not ready after {timeout}s:\n{proc.log()[-5000:]}")

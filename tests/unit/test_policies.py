@@ -61,8 +61,8 @@ def test_unknown_policy_name() -> None:
 
 def test_registry_snapshot_maps_every_field() -> None:
     """``Backend.state`` builds positionally for speed; each value must land in its own field."""
+    from backends.engines import ReplicaLoad
     from backends.registry import Backend
-    from backends.sglang_metrics import ReplicaLoad
 
     backend = Backend(
         "r",

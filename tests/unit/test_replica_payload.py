@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from backends.engines import engine_named
 from gateway.config import TenantConfig
 from gateway.proxy import prepare_replica_payload
 from gateway.tenants import Tenant
+
+SGLANG_OWNED = engine_named("sglang").owned_fields
 
 
 def tenant(isolation: str) -> Tenant:
@@ -30,19 +33,19 @@ def test_fields_that_reach_other_hosts_or_jump_the_queue_are_dropped() -> None:
         "temperature": 0.2,
         "sampling_seed": 11,
     }
-    prepare_replica_payload(payload, "served/model", tenant("shared"))
+    prepare_replica_payload(payload, "served/model", tenant("shared"), SGLANG_OWNED)
     assert payload == {"model": "served/model", "messages": [], "temperature": 0.2, "sampling_seed": 11}
 
 
 def test_cache_salt_is_confined_to_the_tenant() -> None:
     shared = {"cache_salt": "victim|"}
-    prepare_replica_payload(shared, "m", tenant("shared"))
+    prepare_replica_payload(shared, "m", tenant("shared"), SGLANG_OWNED)
     assert shared["cache_salt"] == "acme|victim|"
     for isolation in ("salted", "dedicated"):
         for sent in ({}, {"cache_salt": ""}, {"cache_salt": "mine"}):
             payload = dict(sent)
-            prepare_replica_payload(payload, "m", tenant(isolation))
+            prepare_replica_payload(payload, "m", tenant(isolation), SGLANG_OWNED)
             assert payload["cache_salt"] == "acme|"
     unsalted: dict[str, object] = {"cache_salt": ""}
-    prepare_replica_payload(unsalted, "m", tenant("shared"))
+    prepare_replica_payload(unsalted, "m", tenant("shared"), SGLANG_OWNED)
     assert "cache_salt" not in unsalted

@@ -1,0 +1,132 @@
+"""What the gateway needs to know about an inference engine, whichever engine it is.
+
+A pool names its engine (``engine: sglang | vllm | openai``); everything engine-specific (which endpoint says
+the process is alive, where its limits and load are published and under which names, which request fields the
+gateway owns, the shape of its errors) lives in one module per engine behind :class:`Engine`. The registry and
+the proxy ask the engine; they never test which one it is.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+
+Get = Callable[[str], Awaitable[httpx.Response]]
+"""``GET base_url + path`` on one replica, with its key and the probe timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """The scheduler figures an engine exports, summed over data-parallel ranks."""
+
+    running: int = 0
+    queued: int = 0
+    token_usage: float = 0.0
+    cache_hit_rate: float = 0.0
+    prompt_tokens_total: float = 0.0
+    """A counter that only grows while the process lives: when it goes down, the replica restarted."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """What a replica says about itself when it registers (again after a restart); 0 or None when it does not."""
+
+    max_total_tokens: int = 0
+    """Tokens its KV cache holds."""
+    max_running: int = 0
+    """Requests it runs at once: the effective limit, not only an explicit flag."""
+    prefill_batch_tokens: int = 0
+    """New tokens one prefill batch takes (SGLang's ``chunked_prefill_size``)."""
+    context_window: int = 0
+    """Largest prompt plus output it accepts (``max_model_len``)."""
+    overlap_schedule: bool = False
+    """It forms the next batch before the last one's results are processed (SGLang's default scheduler)."""
+    metrics: bool = False
+    """It serves Prometheus ``/metrics`` with its scheduler's load."""
+    cache_report: bool | None = None
+    """It reports ``usage.prompt_tokens_details.cached_tokens``; None until a response shows whether it does."""
+    version: str = ""
+    missing: tuple[str, ...] = ()
+    """Features the gateway uses that this replica has switched off, each naming the flag that switches it on."""
+
+    def capabilities(self) -> dict[str, Any]:
+        """For ``/health``: what the gateway reads from this replica, and what it lacks."""
+        return {
+            "version": self.version or None,
+            "metrics": self.metrics,
+            "cache_report": self.cache_report,
+            "overlap_schedule": self.overlap_schedule,
+            "max_running": self.max_running or None,
+            "max_total_tokens": self.max_total_tokens or None,
+            "chunked_prefill_size": self.prefill_batch_tokens or None,
+            "context_window": self.context_window or None,
+        }
+
+
+class Engine(ABC):
+    """One engine's protocol, as the gateway uses it. Stateless: one instance serves every replica."""
+
+    name: ClassVar[str]
+    liveness_path: ClassVar[str]
+    """Answered by the server process itself, at once, even while the model is busy: whether it is alive."""
+    generation_check: ClassVar[tuple[str, float] | None] = None
+    """A deeper check that runs a generation (path, seconds it may take), run now and then in the background:
+    it catches a process that answers but whose scheduler is stuck."""
+    metrics_path: ClassVar[str | None] = "/metrics"
+    owned_fields: ClassVar[tuple[str, ...]] = ()
+    """Request fields a client must not set: the gateway owns them, or they reach beyond the request."""
+    cache_report_flag: ClassVar[str | None] = None
+    """The server flag that makes it report ``cached_tokens``, for the log and ``/health``."""
+
+    @abstractmethod
+    def parse_load(self, text: str) -> ReplicaLoad:
+        """The load figures in a ``/metrics`` page; absent metrics read as zero."""
+
+    @abstractmethod
+    async def describe(self, get: Get, served_model: str) -> ReplicaInfo:
+        """Ask the replica for its limits and what it has switched on."""
+
+    def error_message(self, body: object) -> tuple[str, str | None] | None:
+        """The message (and the parameter it names) of an error body in this engine's shape, if it has one."""
+        return openai_error_message(body)
+
+
+def openai_error_message(body: object) -> tuple[str, str | None] | None:
+    """``{"error": {"message", "param"}}`` (OpenAI's shape, vLLM's too) or ``{"error": "text"}`` (auth refusals)."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, str) and error:
+        return error, None
+    if isinstance(error, dict) and isinstance(error.get("message"), str) and error["message"]:
+        param = error.get("param")
+        return error["message"], param if isinstance(param, str) else None
+    return None
+
+
+def as_int(value: object) -> int:
+    """An integer field of a server's JSON, or 0 when it is absent, null or not a number."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
+async def model_context_window(get: Get, served_model: str) -> int:
+    """``max_model_len`` of the served model from ``/v1/models`` (SGLang and vLLM both list it); 0 if absent."""
+    response = await get("/v1/models")
+    if response.status_code != 200:
+        return 0
+    cards = response.json().get("data")
+    if not isinstance(cards, list):
+        return 0
+    lengths = [c.get("max_model_len") for c in cards if isinstance(c, Mapping)]
+    named = [c.get("max_model_len") for c in cards if isinstance(c, Mapping) and c.get("id") == served_model]
+    for length in named or lengths:
+        if isinstance(length, int) and length > 0:
+            return length
+    return 0

@@ -1,0 +1,109 @@
+"""SGLang (``python -m sglang.launch_server``), as its 0.5 servers behave with their default flags.
+
+- ``/health`` runs a one-token generation and answers after at least a second, later under load, 503 after 20 s
+  (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` defaults on): too slow for liveness. ``/ready`` answers from
+  the HTTP process at once; the generation check runs now and then in the background.
+- ``/server_info`` (``/get_server_info`` before 0.5.10) carries the server args; ``max_running_requests`` is
+  null unless set by flag, and the effective limit is each data-parallel rank's
+  ``internal_states[].effective_max_running_requests_per_dp``.
+- ``/metrics`` exists only with ``--enable-metrics``; ``usage.prompt_tokens_details`` only with
+  ``--enable-cache-report`` (then ``cached_tokens`` is present, 0 included).
+- Errors are flat: ``{"object": "error", "message", "type", "param", "code"}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from backends.engines.base import (
+    Engine,
+    Get,
+    ReplicaInfo,
+    ReplicaLoad,
+    as_int,
+    model_context_window,
+    openai_error_message,
+)
+from backends.engines.prometheus import read_figures
+
+_SUMMED = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued"}
+_PEAK = {"sglang:token_usage": "token_usage", "sglang:cache_hit_rate": "cache_hit_rate"}
+_COUNTERS = {"sglang:prompt_tokens_total": "prompt_tokens_total"}
+
+
+class SGLang(Engine):
+    name: ClassVar[str] = "sglang"
+    liveness_path: ClassVar[str] = "/ready"
+    generation_check: ClassVar[tuple[str, float] | None] = ("/health", 25.0)
+    """SGLang gives up on its own check after ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) and answers 503."""
+    owned_fields: ClassVar[tuple[str, ...]] = (
+        "rid",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+        "lora_path",
+        "custom_logit_processor",
+        "data_parallel_rank",
+        "priority",
+        "return_hidden_states",
+    )
+    """They would name another host (disaggregation bootstrap), load files or code on the replica, jump the
+    queue, or collide with other requests' ids."""
+    cache_report_flag: ClassVar[str | None] = "--enable-cache-report"
+
+    def parse_load(self, text: str) -> ReplicaLoad:
+        values = read_figures(text, summed=_SUMMED, peak=_PEAK, counters=_COUNTERS)
+        return ReplicaLoad(
+            running=int(values.get("running", 0)),
+            queued=int(values.get("queued", 0)),
+            token_usage=values.get("token_usage", 0.0),
+            cache_hit_rate=values.get("cache_hit_rate", 0.0),
+            prompt_tokens_total=values.get("prompt_tokens_total", 0.0),
+        )
+
+    async def describe(self, get: Get, served_model: str) -> ReplicaInfo:
+        response = await get("/server_info")
+        if response.status_code == 404:
+            response = await get("/get_server_info")
+        response.raise_for_status()
+        info = response.json()
+        if not isinstance(info, dict):
+            raise ValueError("server info is not an object")
+        metrics = bool(info.get("enable_metrics"))
+        cache_report = bool(info.get("enable_cache_report"))
+        missing = []
+        if not metrics:
+            missing.append("load and restart signals: start SGLang with --enable-metrics")
+        if not cache_report:
+            missing.append("cached-token feedback to the prefix index: start SGLang with --enable-cache-report")
+        context = await model_context_window(get, served_model)
+        return ReplicaInfo(
+            max_total_tokens=as_int(info.get("max_total_num_tokens")),
+            max_running=effective_max_running(info),
+            prefill_batch_tokens=max(0, as_int(info.get("chunked_prefill_size"))),
+            context_window=context,
+            overlap_schedule=not info.get("disable_overlap_schedule", False),
+            metrics=metrics,
+            cache_report=cache_report,
+            version=str(info.get("version") or ""),
+            missing=tuple(missing),
+        )
+
+    def error_message(self, body: object) -> tuple[str, str | None] | None:
+        if isinstance(body, dict) and body.get("object") == "error":
+            message, param = body.get("message"), body.get("param")
+            if isinstance(message, str) and message:
+                return message, param if isinstance(param, str) else None
+        return openai_error_message(body)
+
+
+def effective_max_running(info: dict[str, Any]) -> int:
+    """The running-request limit SGLang applies: the flag's value when given, else what each data-parallel
+    rank's scheduler chose from its KV capacity, summed over ranks."""
+    explicit = as_int(info.get("max_running_requests"))
+    if explicit:
+        return explicit
+    states = info.get("internal_states")
+    if not isinstance(states, list):
+        return 0
+    return sum(as_int(s.get("effective_max_running_requests_per_dp")) for s in states if isinstance(s, dict))

@@ -1,0 +1,64 @@
+"""vLLM's OpenAI server (``vllm serve``, ``python -m vllm.entrypoints.openai.api_server``), as in 0.32.
+
+- ``/health`` answers at once from the API server (503 once the engine core is dead): it is the liveness check.
+- ``/v1/models`` lists ``max_model_len``; ``/metrics`` is always served, its gauges written every engine step:
+  ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0-1), token
+  counters ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` and ``vllm:prompt_tokens``, and
+  ``vllm:cache_config_info`` whose labels hold the KV cache's ``num_gpu_blocks`` and ``block_size``.
+- ``usage.prompt_tokens_details.cached_tokens`` (whole blocks only) only with ``--enable-prompt-tokens-details``;
+  nothing at start-up says whether it is on, so the first response tells.
+- Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``; the running-request limit
+  (``--max-num-seqs``) is published nowhere.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, as_int, model_context_window
+from backends.engines.prometheus import labels_of, read_figures
+
+_SUMMED = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "queued"}
+_PEAK = {"vllm:kv_cache_usage_perc": "token_usage"}
+_COUNTERS = {
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:prefix_cache_queries_total": "queries",
+    "vllm:prefix_cache_hits_total": "hits",
+}
+
+
+class VLLM(Engine):
+    name: ClassVar[str] = "vllm"
+    liveness_path: ClassVar[str] = "/health"
+    owned_fields: ClassVar[tuple[str, ...]] = ("request_id", "priority", "kv_transfer_params", "data_parallel_rank")
+    """Ids that could collide with other requests', queue jumping, and fields that would move KV cache to or
+    from another host (disaggregated serving)."""
+    cache_report_flag: ClassVar[str | None] = "--enable-prompt-tokens-details"
+
+    def parse_load(self, text: str) -> ReplicaLoad:
+        values = read_figures(text, summed=_SUMMED, peak=_PEAK, counters=_COUNTERS)
+        queries = values.get("queries", 0.0)
+        return ReplicaLoad(
+            running=int(values.get("running", 0)),
+            queued=int(values.get("queued", 0)),
+            token_usage=values.get("token_usage", 0.0),
+            # Over the process's life, not the last batch's as SGLang's gauge: vLLM publishes only the counters.
+            cache_hit_rate=values.get("hits", 0.0) / queries if queries else 0.0,
+            prompt_tokens_total=values.get("prompt_tokens_total", 0.0),
+        )
+
+    async def describe(self, get: Get, served_model: str) -> ReplicaInfo:
+        context = await model_context_window(get, served_model)
+        response = await get("/metrics")
+        capacity = 0
+        if response.status_code == 200:
+            cache = labels_of(response.text, "vllm:cache_config_info")
+            capacity = as_int(cache.get("num_gpu_blocks")) * as_int(cache.get("block_size"))
+        version = await get("/version")
+        return ReplicaInfo(
+            max_total_tokens=capacity,
+            context_window=context,
+            metrics=response.status_code == 200,
+            version=str(version.json().get("version", "")) if version.status_code == 200 else "",
+            missing=() if response.status_code == 200 else ("load and restart signals: /metrics is not served",),
+        )

@@ -1,0 +1,238 @@
+"""Capture what real SGLang and vLLM servers answer, as fixtures under ``tests/fixtures/<engine>/<profile>/``.
+
+Each profile is one server started with the engine's defaults (``defaults``) or with the flags the README
+recommends plus an API key and a KV-event publisher (``recommended``). Every capture is a JSON file: the
+engine, its version and flags, the request, the status, the content type, and the body (parsed JSON, the
+``data:`` payloads of a stream, or text). Ids, timestamps and the random model's words are kept as they came:
+tests compare names, types and presence, never those values.
+
+    python -m tests.engines.capture [sglang] [vllm]     # needs python -m tests.engines.install first
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.engines.install import ENGINES, HERE, Installed, ensure
+from tests.engines.servers import RECOMMENDED, SERVED_MODEL, model_context, start_engine
+from tests.support.procs import RunningProcess, free_port
+
+FIXTURES = HERE.parent / "fixtures"
+API_KEY = "sk-engine-fixture"
+LONG_WORDS = 700
+"""Words of the long prompts: about 3,500 tokens of the tiny model, several prefill chunks' worth on a CPU."""
+
+
+def prompt(tag: str, words: int = LONG_WORDS) -> str:
+    return " ".join(f"{tag}{i}" for i in range(words))
+
+
+def kv_events_flags(engine: str, port: int) -> tuple[tuple[str, ...], str, bool]:
+    """The publisher's flags, the listener's endpoint, and whether the listener binds (vLLM connects to it)."""
+    if engine == "sglang":
+        config = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv", "bind": True}
+        return ("--kv-events-config", json.dumps(config)), f"tcp://127.0.0.1:{port}", False
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
+    return ("--kv-events-config", json.dumps(config)), f"tcp://127.0.0.1:{port}", True
+
+
+class Recorder:
+    """Sends requests to one server and writes each exchange as a fixture."""
+
+    def __init__(self, server: RunningProcess, out: Path, meta: dict[str, Any], key: str | None) -> None:
+        self.server = server
+        self.out = out
+        self.meta = meta
+        self.headers = {"authorization": f"Bearer {key}"} if key else {}
+        out.mkdir(parents=True, exist_ok=True)
+
+    def get(self, name: str, path: str, *, authorized: bool = True, timeout: float = 30.0) -> httpx.Response:
+        started = time.monotonic()
+        response = httpx.get(self.server.url + path, headers=self.headers if authorized else {}, timeout=timeout)
+        self._write(name, "GET", path, None, response, time.monotonic() - started, authorized=authorized)
+        return response
+
+    def post(
+        self, name: str, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+    ) -> httpx.Response:
+        started = time.monotonic()
+        sent = self.headers if headers is None else headers
+        with httpx.stream("POST", self.server.url + path, json=body, headers=sent, timeout=120) as response:
+            response.read()
+        self._write(name, "POST", path, body, response, time.monotonic() - started, authorized=headers is None)
+        return response
+
+    def _write(
+        self,
+        name: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        response: httpx.Response,
+        seconds: float,
+        *,
+        authorized: bool,
+    ) -> None:
+        content_type = response.headers.get("content-type", "")
+        record: dict[str, Any] = {
+            **self.meta,
+            "request": {
+                "method": method,
+                "path": path,
+                "body": body,
+                "with_api_key": authorized and bool(self.headers),
+            },
+            "status": response.status_code,
+            "content_type": content_type,
+            "seconds": round(seconds, 3),
+        }
+        text = response.text
+        if content_type.startswith("text/event-stream"):
+            record["events"] = [
+                json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
+                for line in text.splitlines()
+                if line.startswith("data: ")
+            ]
+        else:
+            try:
+                record["body"] = json.loads(text) if text else None
+            except json.JSONDecodeError:
+                record["text"] = text
+        (self.out / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def chat(content: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    body = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
+    return {**body, **extra}
+
+
+def completion(text: str, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+    return {"model": SERVED_MODEL, "prompt": text, "max_tokens": max_tokens, **extra}
+
+
+def busy(server: RunningProcess, headers: dict[str, str], requests: int = 3) -> Callable[[], None]:
+    """Start ``requests`` long generations from other threads; the returned function waits for them."""
+
+    def one(i: int) -> None:
+        body = chat(prompt(f"busy{i}-", 300), max_tokens=200, ignore_eos=True)
+        httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(requests)]
+    for thread in threads:
+        thread.start()
+    return lambda: [thread.join() for thread in threads]  # type: ignore[func-returns-value]
+
+
+def capture_profile(installed: Installed, engine: str, profile: str, log_dir: Path) -> None:
+    flags: tuple[str, ...] = ()
+    listener = None
+    key = None
+    events_path = log_dir / f"{engine}-{profile}-kv.jsonl"
+    if profile == "recommended":
+        kv_flags, endpoint, bind = kv_events_flags(engine, free_port())
+        flags = (*RECOMMENDED[engine], "--api-key", API_KEY, *kv_flags)
+        key = API_KEY
+        command = [str(installed.python[engine]), str(HERE / "kv_listen.py"), endpoint, str(events_path)]
+        listener = subprocess.Popen([*command, *(["--bind"] if bind else [])], start_new_session=True)
+    server = start_engine(installed, engine, log_dir, *flags)
+    try:
+        recorder = Recorder(server, FIXTURES / engine / profile, {"engine": engine, "flags": list(flags)}, key)
+        version = _version(recorder, engine)
+        recorder.meta["version"] = version
+        _capture_endpoints(recorder, engine, profile, installed)
+        if listener is not None:
+            time.sleep(1.0)  # the publisher flushes after its next scheduler pass
+            _write_kv_events(events_path, FIXTURES / engine / profile / "kv_events.json", recorder.meta)
+    finally:
+        server.stop()
+        if listener is not None:
+            listener.send_signal(signal.SIGTERM)
+            listener.wait(10)
+
+
+def _version(recorder: Recorder, engine: str) -> str:
+    if engine == "vllm":
+        return httpx.get(recorder.server.url + "/version", timeout=10).json()["version"]
+    info = httpx.get(recorder.server.url + "/server_info", headers=recorder.headers, timeout=10).json()
+    return info["version"]
+
+
+def _capture_endpoints(recorder: Recorder, engine: str, profile: str, installed: Installed) -> None:
+    context = model_context(installed)
+    recorder.get("v1_models", "/v1/models")
+    recorder.get("health", "/health")
+    recorder.get("metrics_idle", "/metrics")
+    if engine == "sglang":
+        recorder.get("server_info", "/server_info")
+        recorder.get("get_server_info", "/get_server_info")
+        recorder.get("ready", "/ready")
+        recorder.get("model_info", "/model_info")
+    else:
+        recorder.get("version", "/version")
+        recorder.get("kv_event_sources", "/kv_event_sources")
+        recorder.get("ready", "/ready")
+    shared = prompt("shared")
+    recorder.post("chat_cold", "/v1/chat/completions", chat(shared))
+    recorder.post("chat_warm", "/v1/chat/completions", chat(shared))
+    recorder.post(
+        "chat_stream",
+        "/v1/chat/completions",
+        chat(shared + " more", stream=True, stream_options={"include_usage": True}),
+    )
+    recorder.post("chat_stream_no_usage", "/v1/chat/completions", chat("hello there", stream=True))
+    recorder.post("completion", "/v1/completions", completion(prompt("plain", 200)))
+    recorder.post(
+        "completion_stream",
+        "/v1/completions",
+        completion(prompt("plain", 200), stream=True, stream_options={"include_usage": True}),
+    )
+    recorder.post("error_context_too_long", "/v1/chat/completions", chat(prompt("huge", context // 2)))
+    recorder.post("error_output_too_long", "/v1/chat/completions", chat("hi", max_tokens=context + 10))
+    recorder.post("error_bad_temperature", "/v1/chat/completions", chat("hi", temperature=-1))
+    recorder.post("error_bad_max_tokens", "/v1/completions", completion("hi", max_tokens=-1))
+    recorder.post("error_unknown_model", "/v1/chat/completions", {**chat("hi"), "model": "no-such-model"})
+    if profile == "recommended":
+        recorder.post("error_no_api_key", "/v1/chat/completions", chat("hi"), headers={})
+        recorder.post("error_wrong_api_key", "/v1/chat/completions", chat("hi"), headers={"authorization": "Bearer x"})
+        recorder.get("metrics_no_api_key", "/metrics", authorized=False)
+        recorder.get("health_no_api_key", "/health", authorized=False)
+    done = busy(recorder.server, recorder.headers)
+    time.sleep(4.0)
+    recorder.get("metrics_busy", "/metrics")
+    if engine == "sglang":
+        recorder.get("health_busy", "/health")
+    done()
+    time.sleep(1.0)
+    recorder.get("metrics_after", "/metrics")
+
+
+def _write_kv_events(source: Path, target: Path, meta: dict[str, Any]) -> None:
+    records = [json.loads(line) for line in source.read_text().splitlines()] if source.exists() else []
+    batches = [r for r in records if "batch" in r]
+    target.write_text(json.dumps({**meta, "batches": batches[:40], "count": len(batches)}, indent=1) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    engines = tuple(argv) or ENGINES
+    installed = ensure(engines)
+    with tempfile.TemporaryDirectory(prefix="spillgate-capture-") as tmp:
+        for engine in engines:
+            for profile in ("defaults", "recommended"):
+                print(f"capturing {engine} {profile}", file=sys.stderr)
+                capture_profile(installed, engine, profile, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

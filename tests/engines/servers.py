@@ -1,0 +1,99 @@
+"""Start real SGLang and vLLM servers on 127.0.0.1, on a CPU, serving the tiny model; stopped by PID.
+
+The flags are what a CPU needs (``--device cpu``, a small KV pool) plus what the caller asks for: the engines'
+defaults otherwise, so a test sees what an operator who starts them plainly would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.engines.install import Installed
+from tests.support.procs import RunningProcess, free_port, start_process
+
+SERVED_MODEL = "tiny"
+RECOMMENDED = {"sglang": ("--enable-metrics", "--enable-cache-report"), "vllm": ("--enable-prompt-tokens-details",)}
+"""The flags the README tells operators to add, so the gateway gets every signal it uses."""
+START_TIMEOUT_S = 300.0
+
+
+def start_engine(
+    installed: Installed,
+    engine: str,
+    log_dir: Path,
+    *flags: str,
+    port: int | None = None,
+    kv_tokens: int = 65536,
+    env: dict[str, str] | None = None,
+) -> RunningProcess:
+    """One server of ``engine`` with ``flags`` added, its KV cache holding about ``kv_tokens`` tokens."""
+    port = port or free_port()
+    start = {"sglang": _sglang_command, "vllm": _vllm_command}[engine]
+    command, ready, engine_env = start(installed, port, kv_tokens, flags)
+    return start_process(
+        command,
+        port=port,
+        log_dir=log_dir,
+        ready_path=ready,
+        timeout=START_TIMEOUT_S,
+        env={**engine_env, **(env or {})},
+        name=engine,
+    )
+
+
+def _sglang_command(
+    installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
+) -> tuple[list[str], str, dict[str, str]]:
+    command = [
+        str(installed.python["sglang"]),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(installed.model),
+        "--served-model-name",
+        SERVED_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--disable-cuda-graph",
+        "--mem-fraction-static",
+        "0.05",
+        "--max-total-tokens",
+        str(kv_tokens),
+        *flags,
+    ]
+    # /ready answers at once and says 200 only once the server is Up (its warm-up done); /health takes a second.
+    return command, "/ready", {}
+
+
+def _vllm_command(
+    installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
+) -> tuple[list[str], str, dict[str, str]]:
+    command = [
+        str(installed.python["vllm"]),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(installed.model),
+        "--served-model-name",
+        SERVED_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(model_context(installed)),
+        *flags,
+    ]
+    # vLLM on a CPU sizes its KV cache in GiB; 2 KiB a token for the tiny model (2 layers x 4 heads x 64 x bf16 x 2).
+    gib = max(1, round(kv_tokens * 2048 / 2**30))
+    return command, "/health", {"VLLM_CPU_KVCACHE_SPACE": str(gib)}
+
+
+def model_context(installed: Installed) -> int:
+    return int(json.loads((installed.model / "spillgate-model.json").read_text())["context_length"])
