@@ -1,10 +1,12 @@
 # `make demo` runs the gateway on its embedded default; `make test` runs the whole suite.
 # Both create .venv when it is missing and install into it.
+# `make test-engines` runs the real-engine tier: real SGLang and vLLM on this machine's CPU, installed once into
+# venvs in a cache directory outside the repo (`make engines`; see README, Real engines).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench-hot-path clean
+.PHONY: demo test test-engines engines capture-fixtures lint bench-hot-path clean
 
 $(VENV)/.runtime: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +24,21 @@ demo: $(VENV)/.runtime
 test: $(VENV)/.test redis-server chromium
 	$(PY) -m ruff check gateway policies backends cache tests
 	$(PY) -m pytest -q
+
+# Exit status 3 from the installer means this machine cannot run the engines: the tier says so in one line and
+# passes, unless SPILLGATE_REQUIRE_ENGINES is set (CI), where it fails.
+engines: $(VENV)/.test
+	@$(PY) -m tests.engines.install; rc=$$?; \
+	if [ $$rc = 3 ] && [ -z "$$SPILLGATE_REQUIRE_ENGINES" ]; then echo "real-engine tier skipped"; \
+	elif [ $$rc != 0 ]; then exit $$rc; fi
+
+test-engines: engines redis-server
+	@if $(PY) -c 'import sys; from tests.engines.install import installed_already; sys.exit(installed_already() is None)'; \
+	then $(PY) -m pytest -q -m engines tests/engines; \
+	else echo "real-engine tier skipped: SGLang and vLLM are not installed here"; fi
+
+capture-fixtures: engines
+	$(PY) -m tests.engines.capture
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check gateway policies backends cache tests

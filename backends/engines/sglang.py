@@ -93,6 +93,8 @@ class SGLang(Engine):
         if isinstance(body, dict) and body.get("object") == "error":
             message, param = body.get("message"), body.get("param")
             if isinstance(message, str) and message:
+                # A validation error carries the server's traceback, file paths and all: not the client's to see.
+                message = message.split("\n\n  File ", 1)[0].strip()
                 return message, param if isinstance(param, str) else None
         return openai_error_message(body)
 

@@ -95,6 +95,7 @@ class ReplicaConfig:
             chunked_prefill_size=chunk if chunk > 0 else None,
             max_running_requests=self.resolved_max_running_requests,
             max_prefill_tokens=MAX_PREFILL_TOKENS,
+            overlap=not self.disable_overlap_schedule,
         )
 
     def server_args(self) -> dict[str, Any]:
@@ -132,7 +133,6 @@ class ReplicaConfig:
             "dp_size": 1,
             "ep_size": 1,
             "stream_interval": 1,
-            "stream_output": False,
             "incremental_streaming_output": False,
             "random_seed": self.seed,
             "log_level": "warning",
@@ -144,6 +144,6 @@ class ReplicaConfig:
             "radix_eviction_policy": "lru",
             "enable_mixed_chunk": False,
             "disaggregation_mode": "null",
-            "api_key": None if self.api_key is None else "<redacted>",
+            "api_key": self.api_key,  # SGLang shows it to whoever holds it
             "weight_version": "default",
         }

@@ -6,6 +6,7 @@ histograms are observed when requests finish, in simulated seconds.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -49,6 +50,9 @@ _SCHEDULER_GAUGES: tuple[tuple[str, str, Callable[[SchedulerStats], float]], ...
 )
 
 
+_PER_PROCESS = ("num_retracted_reqs", "num_paused_reqs")
+
+
 class _SchedulerCollector(Collector):
     """Reports the scheduler gauges fresh on every scrape."""
 
@@ -61,8 +65,10 @@ class _SchedulerCollector(Collector):
         stats = self._stats()
         names, values = list(self._labels), list(self._labels.values())
         for name, doc, read in _SCHEDULER_GAUGES:
-            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=names)
-            family.add_metric(values, float(read(stats)))
+            # SGLang's multiprocess mode "all" for these two adds the writing process's pid.
+            per_process = name in _PER_PROCESS
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=[*names, "pid"] if per_process else names)
+            family.add_metric([*values, str(os.getpid())] if per_process else values, float(read(stats)))
             yield family
         for name, value in self._static.items():
             family = GaugeMetricFamily(f"sglang:{name}", f"The {name.replace('_', ' ')}.", labels=names)
@@ -186,4 +192,24 @@ class ReplicaMetrics:
                 self.tpot.labels(**labels).observe((req.finished_at - req.first_token_at) / (output - 1))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return as_multiprocess(generate_latest(self.registry).decode()).encode()
+
+
+def as_multiprocess(text: str) -> str:
+    """The page as SGLang's multiprocess collector writes it: counters named with their ``_total`` in HELP and
+    TYPE, and no ``_created`` samples (its files keep no creation times)."""
+    counters = {
+        line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ") and line.endswith(" counter")
+    }
+    out = []
+    for line in text.splitlines():
+        if line.startswith(("# HELP ", "# TYPE ")):
+            kind, name, rest = line[:7], line.split()[2], line.split(" ", 3)[3]
+            if name.endswith("_created"):
+                continue
+            out.append(f"{kind}{name}_total {rest}" if name in counters else line)
+        elif line.split("{", 1)[0].split(" ", 1)[0].endswith("_created"):
+            continue
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"

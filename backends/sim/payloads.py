@@ -46,8 +46,14 @@ def chat_completion(req: SimRequest, text: str, model: str, created: int, cache_
             }
         ],
         "usage": usage(req, cache_report=cache_report),
-        "metadata": None,
+        "metadata": metadata(req),
     }
+
+
+def metadata(req: SimRequest) -> dict[str, Any]:
+    """Which weights produced which output tokens (all of them the default weights, here)."""
+    versions = [{"start": 0, "end": len(req.output_ids), "version": "default"}]
+    return {"weight_version": "default", "weight_versions": versions}
 
 
 def chat_chunk(
@@ -82,20 +88,17 @@ def chat_chunk(
 
 
 def usage_chunk(req: SimRequest, obj: str, model: str, created: int, cache_report: bool) -> dict[str, Any]:
-    """The final chunk a stream sends when ``stream_options.include_usage`` is set."""
-    return {
-        "id": req.rid,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage(req, cache_report=cache_report),
-    }
+    """The final chunk a stream sends when ``stream_options.include_usage`` is set. Completions write it without
+    its null fields (``exclude_none``, ``serving_completions.py``); chat keeps them."""
+    chunk_usage = usage(req, cache_report=cache_report)
+    if obj == "text_completion":
+        chunk_usage = {key: value for key, value in chunk_usage.items() if value is not None}
+    return {"id": req.rid, "object": obj, "created": created, "model": model, "choices": [], "usage": chunk_usage}
 
 
 def completion(req: SimRequest, text: str, model: str, created: int, cache_report: bool) -> dict[str, Any]:
     body = completion_chunk(req, text, model, created, finished=True, chunk_usage=usage(req, cache_report=cache_report))
-    body["metadata"] = None
+    body["metadata"] = metadata(req)
     return body
 
 

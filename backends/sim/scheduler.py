@@ -7,6 +7,11 @@ cached prefix is reused, long prompts are chunked by ``chunked_prefill_size``, a
 admitted only if its uncached prompt plus a reservation for its output fits in free plus
 evictable KV, after the running requests' own reservations. When it does not fit, it waits.
 If decode runs out of KV anyway, requests are retracted to the head of the queue.
+
+With the overlap scheduler (SGLang's default; ``--disable-overlap-schedule`` turns it off) the next batch is
+formed when the one before it starts, before that one's results are processed (``event_loop_overlap``): a
+request that arrives while a pass runs waits for the pass after next, and a prefix computed by a pass is not
+matched by the batch formed during it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class SchedulerLimits:
     chunked_prefill_size: int | None = 8192
     max_running_requests: int = 2048
     max_prefill_tokens: int = 16384
+    overlap: bool = True
+    """Form each batch while the previous one runs (SGLang's default)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,8 @@ class Scheduler:
         self._waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
         self._chunked: SimRequest | None = None
+        self._prefilling: list[SimRequest] = []
+        """Requests whose prefill pass runs now (overlap): they join the running batch when it ends."""
         self._aborts: set[SimRequest] = set()
         self._private = 0  # KV tokens held by requests outside the tree
         self._now = 0.0  # simulated time at the end of the last forward pass
@@ -188,7 +197,7 @@ class Scheduler:
     def _reserved_tokens(self) -> float:
         """KV the running requests may still need, discounted by SGLang's new-token ratio."""
         reserved = 0.0
-        for req in self._running:
+        for req in (*self._running, *self._prefilling):
             remaining = min(max(req.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
             reserved += remaining * self._new_token_ratio
         if self._chunked is not None:
@@ -208,23 +217,38 @@ class Scheduler:
             self._idle.set()
 
     async def _loop(self) -> None:
+        planned: list[_PrefillItem] | None = None
+        """The batch formed while the last pass ran (overlap): prefill items, or [] for a decode pass."""
         while True:
             self._reap_aborts()
             self._update_idle()
-            if not self._has_work():
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                self._now = max(self._now, self.clock.now())
-                continue
-            batch = self._schedule_prefill()
+            if planned is None:
+                if not self._has_work():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    self._now = max(self._now, self.clock.now())
+                    continue
+                planned = self._schedule_prefill()
+                if not planned and not self._running:
+                    # Nothing can run until a request arrives or is aborted.
+                    planned = None
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+            batch, planned = planned, None
             if batch:
-                await self._run_prefill(batch)
+                planned = await self._run_prefill(batch)
             elif self._running:
-                await self._run_decode()
-            else:
-                # Nothing can run until a request arrives or is aborted.
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                planned = await self._run_decode()
+
+    def _plan_ahead(self, joins_running: bool) -> list[_PrefillItem] | None:
+        """With the overlap scheduler, the next batch, formed now as the pass that starts now is launched."""
+        if not self.limits.overlap:
+            return None
+        items = self._schedule_prefill()
+        if items or self._running or joins_running:
+            return items
+        return None
 
     def _reap_aborts(self) -> None:
         if not self._aborts:
@@ -268,7 +292,7 @@ class Scheduler:
                 rem_chunk -= extend
 
         while self._waiting:
-            if len(self._running) + len(items) >= limits.max_running_requests:
+            if len(self._running) + len(self._prefilling) + len(items) >= limits.max_running_requests:
                 break
             if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
                 break
@@ -303,11 +327,15 @@ class Scheduler:
                 rem_chunk -= chunk
         return items
 
-    async def _run_prefill(self, items: list[_PrefillItem]) -> None:
+    async def _run_prefill(self, items: list[_PrefillItem]) -> list[_PrefillItem] | None:
         start = max([self._now] + [item.req.arrival for item in items])
         duration = timing.prefill_seconds(self.preset, ((item.extend, item.prefix) for item in items))
+        await self.clock.sleep_until(start)
         self._now = start + duration
+        self._prefilling = [item.req for item in items if item.prefix + item.extend >= item.req.fill_len]
+        planned = self._plan_ahead(joins_running=True)
         await self.clock.sleep_until(self._now)
+        self._prefilling = []
 
         hit = sum(item.hit for item in items)
         computed = sum(item.extend for item in items)
@@ -316,18 +344,20 @@ class Scheduler:
             req = item.req
             if req.abort_requested:
                 continue  # reaped at the top of the loop
-            self._insert_into_cache(req, req.kv_len)
-            if req is self._chunked:
-                continue
+            computed = item.prefix + item.extend  # not req.kv_len: its next chunk may be planned already
+            self._insert_into_cache(req, computed)
+            if computed < req.fill_len:
+                continue  # a chunk of a longer prompt
             self._emit_token(req)
             if req.finished:
                 self._finish(req)
             else:
                 self._running.append(req)
+        return planned
 
     # decode ------------------------------------------------------------------------------------
 
-    async def _run_decode(self) -> None:
+    async def _run_decode(self) -> list[_PrefillItem] | None:
         while not self._allocate(len(self._running)):
             if not self._retract_one():
                 # Cannot happen while max_new_tokens is clamped to the pool; end it rather than stall.
@@ -336,12 +366,13 @@ class Scheduler:
                 req.finished_at = self._now
                 self._finish(req)
                 req.notify()
-                return
+                return None
         for req in self._running:
             req.kv_len += 1
         batch = self._running
         duration = timing.decode_seconds(self.preset, len(batch), sum(req.kv_len for req in batch))
         self._now += duration
+        planned = self._plan_ahead(joins_running=False)
         await self.clock.sleep_until(self._now)
 
         self._decode_log.append((self._now, len(batch)))
@@ -355,6 +386,7 @@ class Scheduler:
                     continue
             still_running.append(req)
         self._running = still_running
+        return planned
 
     def _retract_one(self) -> bool:
         """Free KV for decode: requeue a half-done chunked prefill, else the running request with

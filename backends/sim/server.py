@@ -6,7 +6,8 @@ import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from backends.sim import native_routes, openai_routes
 from backends.sim.config import ReplicaConfig
@@ -46,14 +47,22 @@ _OPEN_PATHS = ("/health", "/ready", "/metrics")
 
 
 def require_api_key(app: FastAPI, api_key: str) -> None:
-    """Refuse every other route without ``Authorization: Bearer <api_key>``: 401 ``{"error": "Unauthorized"}``."""
-    expected = api_key.encode()
+    """Refuse every other route without ``Authorization: Bearer <api_key>``: 401 ``{"error": "Unauthorized"}``.
+    Plain ASGI, so streamed responses pass through untouched."""
+    app.add_middleware(_ApiKey, api_key=api_key)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if request.method == "OPTIONS" or request.url.path.startswith(_OPEN_PATHS):
-            return await call_next(request)
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), expected):
-            return Response(b'{"error":"Unauthorized"}', status_code=401, media_type="application/json")
-        return await call_next(request)
+
+class _ApiKey:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self._app = app
+        self._expected = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and not scope["path"].startswith(_OPEN_PATHS):
+            headers = dict(scope["headers"])
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self._expected):
+                refusal = Response(b'{"error":"Unauthorized"}', status_code=401, media_type="application/json")
+                await refusal(scope, receive, send)
+                return
+        await self._app(scope, receive, send)

@@ -220,7 +220,8 @@ def _capture_endpoints(recorder: Recorder, engine: str, profile: str, installed:
 def _write_kv_events(source: Path, target: Path, meta: dict[str, Any]) -> None:
     records = [json.loads(line) for line in source.read_text().splitlines()] if source.exists() else []
     batches = [r for r in records if "batch" in r]
-    target.write_text(json.dumps({**meta, "batches": batches[:40], "count": len(batches)}, indent=1) + "\n")
+    # The first few batches show every field; all of them would be megabytes of token ids.
+    target.write_text(json.dumps({**meta, "batches": batches[:3], "count": len(batches)}, indent=1) + "\n")
 
 
 def main(argv: list[str]) -> int:

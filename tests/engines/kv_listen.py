@@ -1,9 +1,9 @@
 """Subscribe to an engine's KV-cache event publisher (ZMQ) and write each batch as a JSON line.
 
-Run with an engine's Python (it has ``pyzmq`` and ``msgpack``): ``kv_listen.py ENDPOINT OUT [--bind]``. SGLang
-binds its publisher, so the listener connects; vLLM connects to a host it is given, so the listener binds. Each
-message is ``[topic, sequence (8 bytes, big-endian), msgpack batch]``; the batch is decoded as it is, tags and
-all, and written with its topic and sequence. Stops on SIGTERM.
+Run with an engine's Python (it has ``pyzmq`` and ``msgspec``, which both engines encode with): ``kv_listen.py
+ENDPOINT OUT [--bind]``. SGLang binds its publisher, so the listener connects; vLLM connects to a host it is given,
+so the listener binds. Each message is ``[topic, sequence (8 bytes, big-endian), msgpack batch]``; the batch is
+decoded as it is, tags and all, and written with its topic and sequence. Stops on SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 
-import msgpack
+import msgspec
 import zmq
 
 
@@ -43,7 +43,7 @@ def main(endpoint: str, out: str, bind: bool) -> None:
             if not socket.poll(200):
                 continue
             topic, sequence, payload = socket.recv_multipart()
-            batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            batch = msgspec.msgpack.decode(payload)
             record = {"topic": topic.decode(), "seq": int.from_bytes(sequence, "big"), "batch": _plain(batch)}
             lines.write(json.dumps(record) + "\n")
 

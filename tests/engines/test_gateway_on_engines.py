@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,54 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
     yield from make_world(request.param)
 
 
+@dataclass
+class Listener:
+    """A KV-event subscriber (real worlds only) and where it writes what it hears."""
+
+    flags: tuple[str, ...]
+    out: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line]
+
+
 @pytest.fixture(scope="module")
-def pair(world: World, tmp_path_factory: pytest.TempPathFactory) -> list[RunningProcess]:
-    """Two replicas started with the flags the README recommends, in parallel (a real engine takes a minute)."""
+def kv_listener(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listener]:
+    out = tmp_path_factory.mktemp(f"{world.name}-kv") / "events.jsonl"
+    if not world.real:
+        yield Listener((), out)
+        return
+    from tests.engines.capture import kv_events_flags
+
+    flags, endpoint, bind = kv_events_flags(world.engine, free_port())
+    command = [str(world.python), str(Path(__file__).with_name("kv_listen.py")), endpoint, str(out)]
+    listener = Listener(flags, out, subprocess.Popen([*command, *(["--bind"] if bind else [])], start_new_session=True))
+    yield listener
+    assert listener.process is not None
+    listener.process.send_signal(signal.SIGTERM)
+    listener.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def pair(world: World, kv_listener: Listener, tmp_path_factory: pytest.TempPathFactory) -> list[RunningProcess]:
+    """Two replicas started with the flags the README recommends, in parallel (a real engine takes a minute); the
+    first also publishes its KV events."""
     log_dir = tmp_path_factory.mktemp(f"{world.name}-pair")
+    flags = [(*world.recommended, *kv_listener.flags), world.recommended]
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda _: world.replica(log_dir, *world.recommended), range(2)))
+        return list(pool.map(lambda f: world.replica(log_dir, *f), flags))
+
+
+@pytest.fixture(scope="module")
+def plain(world: World, tmp_path_factory: pytest.TempPathFactory) -> RunningProcess:
+    """A replica on the engine's own defaults, behind an API key."""
+    return world.replica(tmp_path_factory.mktemp(f"{world.name}-plain"), "--api-key", REPLICA_KEY)
+
+
+REPLICA_KEY = "sk-replica-secret"
 
 
 def world_gateway(world: World, urls: list[str], log_dir: Path, **pool: Any) -> RunningProcess:
@@ -242,52 +285,71 @@ def test_engine_errors_reach_the_client_in_openai_format(gateway: RunningProcess
     assert "temperature" in bad.value.body["message"]
 
 
-def test_a_replica_behind_an_api_key(world: World, tmp_path: Path) -> None:
-    protected = world.replica(tmp_path, "--api-key", "sk-replica-secret")
-    os.environ["SPILLGATE_TEST_REPLICA_KEY"] = "sk-replica-secret"
-    good = world_gateway(world, [protected.url], tmp_path / "good", api_key="os.environ/SPILLGATE_TEST_REPLICA_KEY")
-    bad = world_gateway(world, [protected.url], tmp_path / "bad", api_key="sk-not-the-key")
+def test_a_replica_behind_an_api_key(world: World, plain: RunningProcess, tmp_path: Path) -> None:
+    os.environ["SPILLGATE_TEST_REPLICA_KEY"] = REPLICA_KEY
+    good = world_gateway(world, [plain.url], tmp_path / "good", api_key="os.environ/SPILLGATE_TEST_REPLICA_KEY")
+    bad = world_gateway(world, [plain.url], tmp_path / "bad", api_key="sk-not-the-key")
     try:
         backend, _, answer = chat(good, "chat", "hello behind a key")
         assert backend == "pool-0" and answer.usage.completion_tokens == 4
-        assert health(good)["pool-0"]["capabilities"]["max_total_tokens"], "probes carry the key too"
+        assert health(good)["pool-0"]["capabilities"]["context_window"] == world.context, "probes carry the key"
         with pytest.raises(openai.APIStatusError) as refused:
             chat(bad, "chat", "hello with the wrong key")
         assert refused.value.status_code == 502 and refused.value.body["code"] == "backend_auth"
     finally:
         good.stop()
         bad.stop()
-        protected.stop()
 
 
-def test_a_replica_on_its_defaults_works_and_says_what_it_lacks(world: World, tmp_path: Path) -> None:
-    plain = world.replica(tmp_path)
-    gateway = world_gateway(world, [plain.url], tmp_path / "gw")
+def test_a_replica_on_its_defaults_works_and_says_what_it_lacks(
+    world: World, plain: RunningProcess, tmp_path: Path
+) -> None:
+    gateway = world_gateway(world, [plain.url], tmp_path / "gw", api_key=REPLICA_KEY)
     try:
         backend, _, answer = chat(gateway, "aware", words("plain", 300))
         assert backend == "pool-0"
+        assert answer.usage.prompt_tokens_details is None
         reported = health(gateway)["pool-0"]
+        assert reported["capabilities"]["cache_report"] is False
+        assert any(world.recommended[-1] in d for d in reported["degraded"]), reported["degraded"]
         if world.engine == "sglang":
-            assert answer.usage.prompt_tokens_details is None
             assert any("--enable-metrics" in d for d in reported["degraded"])
             assert reported["capabilities"]["max_running"], "the effective running limit, not the null flag"
-        assert any(world.recommended[-1] in d for d in reported["degraded"])
     finally:
         gateway.stop()
-        plain.stop()
 
 
-def test_a_restarted_replica_starts_with_an_empty_index(world: World, tmp_path: Path) -> None:
-    port = free_port()
-    first = world.replica(tmp_path, *world.recommended, port=port)
-    gateway = world_gateway(world, [first.url], tmp_path / "gw")
+def test_kv_events_from_the_real_publisher(world: World, pair: list[RunningProcess], kv_listener: Listener) -> None:
+    """The engine's ZMQ publisher announces the blocks a prompt stored, with its token ids."""
+    if not world.real:
+        pytest.skip("the simulator publishes no KV events")
+    body = {"model": "tiny", "prompt": words("event", 300), "max_tokens": 2}
+    deadline = time.monotonic() + 30
+    stored: list[dict[str, Any]] = []
+    while not stored and time.monotonic() < deadline:
+        httpx.post(pair[0].url + "/v1/completions", json=body, timeout=60).raise_for_status()
+        time.sleep(1.0)
+        records = kv_listener.records()
+        stored = [e for r in records if "batch" in r for e in _events(r["batch"]) if e.get("type") == "BlockStored"]
+    assert stored, "no BlockStored event arrived"
+    tokens = [t for e in stored for t in e["token_ids"]]
+    assert len(tokens) >= 300
+    assert all(isinstance(h, int) for e in stored for h in e["block_hashes"])
+
+
+def test_a_restarted_replica_starts_with_an_empty_index(
+    world: World, pair: list[RunningProcess], tmp_path: Path
+) -> None:
+    """Last in the module: it replaces the second replica of the pair by a new process on the same port."""
+    port = int(pair[1].url.rsplit(":", 1)[1])
+    gateway = world_gateway(world, [pair[1].url], tmp_path / "gw")
     try:
         prefix = words("restart", 500)
         chat(gateway, "aware", prefix + " one")
         assert chat(gateway, "aware", prefix + " two")[1] == "prefix_hit"
-        first.stop()
+        pair[1].stop()
         _wait_health(gateway, healthy=False)
-        world.replica(tmp_path, *world.recommended, port=port)
+        pair[1] = world.replica(tmp_path, *world.recommended, port=port)
         _wait_health(gateway, healthy=True, seconds=60)
         _, reason, answer = chat(gateway, "aware", prefix + " three")
         assert reason != "prefix_hit", "the index forgot what the old process held"
@@ -301,36 +363,6 @@ def _wait_health(gateway: RunningProcess, *, healthy: bool, seconds: float = 15)
     while health(gateway)["pool-0"]["healthy"] != healthy:
         assert time.monotonic() < deadline, f"pool-0 never became healthy={healthy}"
         time.sleep(0.1)
-
-
-def test_kv_events_from_the_real_publisher(world: World, tmp_path: Path) -> None:
-    """The engine's ZMQ publisher announces the blocks a prompt stored, with its token ids."""
-    if not world.real:
-        pytest.skip("the simulator publishes no KV events")
-    from tests.engines.capture import kv_events_flags
-
-    flags, endpoint, bind = kv_events_flags(world.engine, free_port())
-    out = tmp_path / "events.jsonl"
-    command = [str(world.python), str(Path(__file__).with_name("kv_listen.py")), endpoint, str(out)]
-    listener = subprocess.Popen([*command, *(["--bind"] if bind else [])], start_new_session=True)
-    replica = world.replica(tmp_path, *world.recommended, *flags)
-    try:
-        body = {"model": "tiny", "prompt": words("event", 300), "max_tokens": 2}
-        deadline = time.monotonic() + 30
-        stored: list[dict[str, Any]] = []
-        while not stored and time.monotonic() < deadline:
-            httpx.post(replica.url + "/v1/completions", json=body, timeout=60).raise_for_status()
-            time.sleep(1.0)
-            records = [json.loads(line) for line in out.read_text().splitlines() if line] if out.exists() else []
-            stored = [e for r in records if "batch" in r for e in _events(r["batch"]) if e.get("type") == "BlockStored"]
-        assert stored, "no BlockStored event arrived"
-        tokens = [t for e in stored for t in e["token_ids"]]
-        assert len(tokens) >= 300
-        assert all(isinstance(h, int) for e in stored for h in e["block_hashes"])
-    finally:
-        replica.stop()
-        listener.send_signal(signal.SIGTERM)
-        listener.wait(10)
 
 
 def _events(batch: Any) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ class World:
     count_tokens: Callable[[str], int]
     real: bool
     python: Path | None = None
-    """The engine's venv Python (it has pyzmq and msgpack, for KV-event listeners); None for the simulator."""
+    """The engine's venv Python (it has pyzmq and msgspec, for KV-event listeners); None for the simulator."""
     started: list[RunningProcess] = field(default_factory=list)
 
     def replica(self, log_dir: Path, *flags: str, port: int | None = None) -> RunningProcess:

@@ -137,3 +137,23 @@ async def test_page_size_aligns_cached_prefixes() -> None:
     assert again.cached_tokens == 992  # 999 tokens may match, rounded down to whole 16-token pages
     assert replica.scheduler.stats().num_used_tokens == 0
     await replica.scheduler.stop()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+async def test_the_overlap_scheduler_forms_the_next_batch_as_the_last_one_starts(overlap: bool) -> None:
+    """A prompt that arrives while a long prefill runs: without overlap it is prefilled as soon as that pass ends;
+    with it (SGLang's default) the batch after the long one was formed when it started, so the newcomer waits
+    for that pass too (here one decode step of the long request)."""
+    replica = Replica(ReplicaConfig(time_scale=0.1, disable_overlap_schedule=not overlap))
+    long = replica.engine.submit(distinct_ids(8000, seed=40), _exact(50))
+    await asyncio.sleep(0.005)  # the long prefill (about 0.3 simulated s, 30 ms here) is under way
+    short = replica.engine.submit(distinct_ids(50, seed=41), _exact(2))
+    first, second = await asyncio.gather(long.result(), short.result())
+    gap = second.first_token_at - first.first_token_at
+    decode_step = timing.decode_seconds(replica.config.preset_spec, 1, 8001)
+    prefill_short = timing.prefill_seconds(replica.config.preset_spec, [(50, 0)])
+    if overlap:
+        assert gap == pytest.approx(decode_step + prefill_short, rel=0.05)
+    else:
+        assert gap == pytest.approx(prefill_short, rel=0.05)
+    await replica.scheduler.stop()
