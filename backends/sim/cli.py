@@ -16,6 +16,8 @@ from backends.sim.presets import PRESETS
 from backends.sim.server import create_app
 
 GRACEFUL_SHUTDOWN_S = 3
+VLLM_BLOCK_SIZE = 16
+"""vLLM's KV block on a GPU: prefix caching and ``cached_tokens`` go by whole blocks."""
 
 
 def _positive_float(text: str) -> float:
@@ -37,14 +39,24 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model-name", default=None, help="served model name (default: the preset's model)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="cap the KV pool, in tokens")
-    parser.add_argument("--page-size", type=int, default=1)
-    parser.add_argument("--chunked-prefill-size", type=int, default=None, help="-1 disables chunked prefill")
-    parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--page-size", "--block-size", type=int, default=None, help="default 1 (SGLang), 16 (vLLM)")
+    parser.add_argument(
+        "--chunked-prefill-size", "--max-num-batched-tokens", type=int, default=None, help="-1 disables chunking"
+    )
+    parser.add_argument("--max-running-requests", "--max-num-seqs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--context-length", type=int, default=None, help="shorter than the model's own")
+    parser.add_argument(
+        "--engine", default="sglang", choices=["sglang", "vllm"], help="whose server to look like (default sglang)"
+    )
+    parser.add_argument("--context-length", "--max-model-len", type=int, default=None, help="shorter than the model's")
     # SGLang's switches, off by default as in SGLang (see backends/sim/CONTRACT.md).
     parser.add_argument("--enable-metrics", action="store_true", help="serve /metrics (404 without)")
-    parser.add_argument("--enable-cache-report", action="store_true", help="report usage.prompt_tokens_details")
+    parser.add_argument(
+        "--enable-cache-report",
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details (SGLang's and vLLM's names)",
+    )
     parser.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health, /metrics)"
     )
@@ -82,7 +94,7 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         time_scale=args.time_scale,
         model_name=args.model_name,
         max_total_tokens=args.max_total_tokens,
-        page_size=args.page_size,
+        page_size=args.page_size or (VLLM_BLOCK_SIZE if args.engine == "vllm" else 1),
         chunked_prefill_size=args.chunked_prefill_size,
         max_running_requests=args.max_running_requests,
         seed=args.seed,
@@ -92,6 +104,7 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         api_key=args.api_key,
         disable_overlap_schedule=args.disable_overlap_schedule,
         schedule_policy=args.schedule_policy,
+        engine=args.engine,
     )
 
 

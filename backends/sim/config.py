@@ -39,6 +39,8 @@ class ReplicaConfig:
     """``--api-key``: every route but ``/health*``, ``/ready*`` and ``/metrics*`` needs ``Bearer <key>``."""
     disable_overlap_schedule: bool = False
     schedule_policy: str = "fcfs"
+    engine: str = "sglang"
+    """Which server's face to show: ``sglang``, or ``vllm`` (backends/sim/vllm_face.py) over the same scheduler."""
 
     @cached_property
     def preset_spec(self) -> Preset:

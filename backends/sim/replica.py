@@ -14,6 +14,7 @@ from backends.sim.engine import Engine
 from backends.sim.metrics import ReplicaMetrics
 from backends.sim.scheduler import Scheduler
 from backends.sim.tokenizer import Tokenizer
+from backends.sim.vllm_metrics import VllmMetrics
 
 
 class Replica:
@@ -26,15 +27,24 @@ class Replica:
         self.chat_template = ChatTemplate(self.tokenizer)
         self.clock = VirtualClock(config.time_scale)
         self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock)
-        self.metrics = ReplicaMetrics(
-            model_name=config.served_model_name,
-            stats=self.scheduler.stats,
-            static_gauges={
-                "max_total_num_tokens": config.max_total_num_tokens,
-                "page_size": config.page_size,
-                "context_len": config.context_length,
-            },
-        )
+        self.metrics: ReplicaMetrics | VllmMetrics
+        if config.engine == "vllm":
+            self.metrics = VllmMetrics(
+                model_name=config.served_model_name,
+                stats=self.scheduler.stats,
+                block_size=config.page_size,
+                num_blocks=config.max_total_num_tokens // config.page_size,
+            )
+        else:
+            self.metrics = ReplicaMetrics(
+                model_name=config.served_model_name,
+                stats=self.scheduler.stats,
+                static_gauges={
+                    "max_total_num_tokens": config.max_total_num_tokens,
+                    "page_size": config.page_size,
+                    "context_len": config.context_length,
+                },
+            )
         self.engine = Engine(config, self.scheduler, self.tokenizer, self.metrics)
 
 

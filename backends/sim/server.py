@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from backends.sim import native_routes, openai_routes
+from backends.sim import native_routes, openai_routes, vllm_face
 from backends.sim.config import ReplicaConfig
 from backends.sim.errors import install_error_handlers
 from backends.sim.replica import Replica
@@ -35,8 +35,13 @@ def create_app(config: ReplicaConfig) -> FastAPI:
     app.state.replica = replica
     app.state.stop_generation = replica.scheduler.abort_all
     install_error_handlers(app)
+    if config.engine == "vllm":
+        if config.api_key is not None:
+            app.add_middleware(_ApiKey, api_key=config.api_key, guarded=vllm_face.GUARDED_PREFIXES)
+        app.include_router(vllm_face.router)
+        return app
     if config.api_key is not None:
-        require_api_key(app, config.api_key)
+        app.add_middleware(_ApiKey, api_key=config.api_key)
     app.include_router(native_routes.router)
     app.include_router(openai_routes.router)
     return app
@@ -46,19 +51,21 @@ _OPEN_PATHS = ("/health", "/ready", "/metrics")
 """What SGLang's ``--api-key`` leaves open (``utils/auth.py``): probes and scrapes need no key."""
 
 
-def require_api_key(app: FastAPI, api_key: str) -> None:
-    """Refuse every other route without ``Authorization: Bearer <api_key>``: 401 ``{"error": "Unauthorized"}``.
-    Plain ASGI, so streamed responses pass through untouched."""
-    app.add_middleware(_ApiKey, api_key=api_key)
-
-
 class _ApiKey:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    """Refuse a guarded route without ``Authorization: Bearer <api_key>``: 401 ``{"error": "Unauthorized"}``, as
+    both engines answer. SGLang guards all but ``_OPEN_PATHS``, vLLM only its API prefixes. Plain ASGI, so
+    streamed responses pass through untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str, guarded: tuple[str, ...] | None = None) -> None:
         self._app = app
         self._expected = api_key.encode()
+        self._guarded = guarded
+
+    def _guards(self, path: str) -> bool:
+        return path.startswith(self._guarded) if self._guarded is not None else not path.startswith(_OPEN_PATHS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and not scope["path"].startswith(_OPEN_PATHS):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and self._guards(scope["path"]):
             headers = dict(scope["headers"])
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self._expected):

@@ -17,7 +17,7 @@ from gateway.bench.config import BenchConfig
 from gateway.bench.progress import Progress
 from gateway.bench.runner import Load, run_level
 from gateway.bench.stats import PhaseSummary, Slo, Summary, summarize, summarize_phases
-from gateway.bench.trace import TraceRecord, arrival_offsets, load_trace
+from gateway.bench.trace import TraceRecord, arrival_offsets, load_trace, scaled
 from gateway.bench.workloads import build_workload
 
 _DRAIN_MARGIN_S = 5.0
@@ -82,7 +82,7 @@ async def run_bench(
     records: list[TraceRecord] | None = None
     if config.trace_path is not None:
         try:
-            records = load_trace(config.trace_path)
+            records = scaled(load_trace(config.trace_path), config.trace_block_tokens, config.trace_max_output_tokens)
         except ValueError as exc:
             raise BenchError(str(exc)) from exc
     model = config.model or await discover_model(config)

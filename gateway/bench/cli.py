@@ -87,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="chat/agent: the ready session that sends next (random: SGLang's multi-turn default; fifo)",
     )
     parser.add_argument("--trace-speedup", type=float, default=1.0, help="divide trace timestamps by this")
+    parser.add_argument(
+        "--trace-block-tokens",
+        type=int,
+        default=512,
+        help="tokens per trace block (Mooncake's are 512): smaller shrinks every prompt alike, sharing kept",
+    )
+    parser.add_argument("--trace-max-output-tokens", type=int, default=None, help="cap each record's output")
     parser.add_argument("--slo-ttft-ms", type=float, default=1000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
     parser.add_argument(
@@ -153,6 +160,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup_s=args.warmup,
         session_order=args.session_order,
         trace_speedup=args.trace_speedup,
+        trace_block_tokens=args.trace_block_tokens,
+        trace_max_output_tokens=args.trace_max_output_tokens,
         slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms,
         seed=args.seed,

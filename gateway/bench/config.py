@@ -96,6 +96,10 @@ class BenchConfig:
     """chat and agent, for comparison scripts: send exactly these sessions' turns in this order (the ``session``
     of another run's results), one request at a time."""
     trace_speedup: float = 1.0
+    trace_block_tokens: int = 512
+    """Tokens per trace block: below Mooncake's 512 every prompt shrinks by the same factor, sharing kept."""
+    trace_max_output_tokens: int | None = None
+    """Cap on each trace record's output length."""
     slo_ttft_ms: float = 1000.0
     slo_tpot_ms: float = 50.0
     seed: int = 0
@@ -172,6 +176,10 @@ class BenchConfig:
             raise ValueError("--warmup must be shorter than --duration")
         if self.trace_speedup <= 0:
             raise ValueError("--trace-speedup must be positive")
+        if self.trace_block_tokens < 1:
+            raise ValueError("--trace-block-tokens must be at least 1")
+        if self.trace_max_output_tokens is not None and self.trace_max_output_tokens < 1:
+            raise ValueError("--trace-max-output-tokens must be at least 1")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if self.slo_ttft_ms <= 0 or self.slo_tpot_ms <= 0:

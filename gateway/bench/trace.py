@@ -59,6 +59,22 @@ def load_trace(path: Path | str) -> list[TraceRecord]:
     return records
 
 
+def scaled(records: list[TraceRecord], block_tokens: int, max_output: int | None = None) -> list[TraceRecord]:
+    """The records with ``block_tokens``-token blocks instead of 512 (every prompt shrunk alike, the blocks it
+    shares with others the same) and outputs capped at ``max_output``: a production trace at a small model's size."""
+    if block_tokens == BLOCK_TOKENS and max_output is None:
+        return records
+    return [
+        TraceRecord(
+            timestamp_ms=r.timestamp_ms,
+            input_length=max(1, -(-r.input_length * block_tokens // BLOCK_TOKENS)),
+            output_length=min(r.output_length, max_output) if max_output is not None else r.output_length,
+            hash_ids=r.hash_ids,
+        )
+        for r in records
+    ]
+
+
 def arrival_offsets(records: list[TraceRecord], speedup: float) -> Iterator[float]:
     """Seconds after the first record at which each record is sent, the trace's clock divided by ``speedup``."""
     if not records:

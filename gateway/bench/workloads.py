@@ -21,7 +21,7 @@ from typing import Protocol
 
 from gateway.bench import text
 from gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
-from gateway.bench.trace import PromptBuilder, TraceRecord
+from gateway.bench.trace import BLOCK_TOKENS, PromptBuilder, TraceRecord
 
 Message = dict[str, str]
 _JSON_CHARS_PER_TOKEN = 3.3  # JSON's quotes and punctuation make its tokens shorter than prose's ~4 characters
@@ -337,9 +337,9 @@ def agent_workload(
     )
 
 
-def trace_workload(records: list[TraceRecord], salt: str) -> IndependentWorkload:
+def trace_workload(records: list[TraceRecord], salt: str, block_tokens: int = BLOCK_TOKENS) -> IndependentWorkload:
     """One request per record, in order; the trace is not repeated (its clock has an end)."""
-    builder = PromptBuilder(salt)
+    builder = PromptBuilder(salt, block_tokens)
 
     def requests() -> Iterator[RequestSpec]:
         for index, record in enumerate(records):
@@ -373,4 +373,4 @@ def build_workload(
         return agent_workload(agent, salt, cycle, config.session_order, config.session_script)
     if records is None:
         raise ValueError("a trace workload needs its records")
-    return trace_workload(records, salt)
+    return trace_workload(records, salt, config.trace_block_tokens)

@@ -74,18 +74,19 @@ def real_world(engine: str, installed: Installed) -> World:
     )
 
 
-def sim_world() -> World:
+def sim_world(engine: str) -> World:
+    """The simulator with ``engine``'s face."""
     tokenizer = SimTokenizer()
 
     def start(log_dir: Path, *flags: str, port: int | None = None) -> RunningProcess:
         base = ("--time-scale", "0.05", "--model-name", SERVED_MODEL, "--context-length", str(SIM_CONTEXT))
-        return start_replica(log_dir, *base, *flags, port=port, bare=True)
+        return start_replica(log_dir, *base, "--engine", engine, *flags, port=port, bare=True)
 
     return World(
-        name="sim",
-        engine="sglang",
+        name=f"sim-{engine}",
+        engine=engine,
         context=SIM_CONTEXT,
-        recommended=RECOMMENDED["sglang"],
+        recommended=RECOMMENDED[engine],
         start=start,
         count_tokens=lambda text: len(tokenizer.encode(text)),
         real=False,
@@ -93,7 +94,8 @@ def sim_world() -> World:
 
 
 WORLDS = [
-    pytest.param("sim"),
+    pytest.param("sim-sglang"),
+    pytest.param("sim-vllm"),
     pytest.param("sglang", marks=pytest.mark.engines),
     pytest.param("vllm", marks=pytest.mark.engines),
 ]
@@ -101,8 +103,8 @@ WORLDS = [
 
 def make_world(name: str) -> Iterator[World]:
     """The world ``name``; a real one skips, in one line, where the engines are not installed."""
-    if name == "sim":
-        world = sim_world()
+    if name.startswith("sim-"):
+        world = sim_world(name.removeprefix("sim-"))
     else:
         installed = installed_already((name,))
         if installed is None:

@@ -24,7 +24,8 @@ def start_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartReplica
         port = free_port()
         if command == "sim-replica":
             args = args[1:] if args[:1] == ("--bare",) else (*RECOMMENDED_SGLANG_FLAGS, *args)
-        ready = "/ready" if command == "sim-replica" else "/health"
+        vllm = "--engine" in args and args[args.index("--engine") + 1] == "vllm"
+        ready = "/ready" if command == "sim-replica" and not vllm else "/health"  # vLLM has no /ready
         proc = start_spillgate([command, "--port", str(port), *args], port=port, log_dir=log_dir, ready_path=ready)
         started.append(proc)
         return proc

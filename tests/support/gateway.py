@@ -52,11 +52,12 @@ def start_replica(tmp_path: Path, *args: str, port: int | None = None, bare: boo
     """A simulated SGLang replica with the recommended flags (``bare``: on SGLang's own defaults)."""
     port = port or free_port()
     flags = () if bare else RECOMMENDED_SGLANG_FLAGS
+    vllm = "--engine" in args and args[args.index("--engine") + 1] == "vllm"
     return start_spillgate(
         ["sim-replica", "--port", str(port), "--model-name", "sim-model", *flags, *args],
         port=port,
         log_dir=tmp_path,
-        ready_path="/ready",
+        ready_path="/health" if vllm else "/ready",  # vLLM has no /ready; SGLang's /health runs a generation
     )
 
 

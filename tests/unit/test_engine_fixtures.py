@@ -98,3 +98,14 @@ async def test_whether_vllm_reports_cached_tokens_is_learned_from_its_answers() 
     assert any("--enable-prompt-tokens-details" in m for m in backend.info.missing)
     backend.observe_usage(fixture("vllm", "recommended", "chat_warm")["body"]["usage"])
     assert backend.info.cache_report is True and backend.info.missing == ()
+
+
+def test_sglang_health_takes_a_second_and_vllms_answers_at_once() -> None:
+    """Why the gateway's liveness check is SGLang's /ready, and vLLM's /health."""
+    for profile in ("defaults", "recommended"):
+        for name in ("health", "health_busy"):
+            assert fixture("sglang", profile, name)["seconds"] >= 1.0
+        assert fixture("sglang", profile, "ready")["seconds"] < 1.0
+        assert fixture("vllm", profile, "health")["seconds"] < 1.0
+        assert fixture("vllm", profile, "ready")["status"] == 404
+    assert engine_named("sglang").liveness_path == "/ready" and engine_named("vllm").liveness_path == "/health"
