@@ -65,10 +65,18 @@ class LimitsConfig(Strict):
 
 
 class TimeoutsConfig(Strict):
-    """Upstream timeouts in seconds: connecting, and the longest silence before or within a response."""
+    """Upstream timeouts in seconds: connecting, and the longest silence before or within a response; and how
+    long a client's idle keep-alive connection stays open."""
 
     connect_s: float = Field(default=2.0, gt=0)
     read_s: float = Field(default=300.0, gt=0)
+    keep_alive_s: float = Field(
+        default=75.0,
+        gt=0,
+        le=3600,
+        description="longer than client pools and load balancers keep idle connections (aiohttp 15 s, AWS ALB 60 s), "
+        "so the gateway never closes one as a client reuses it (a connection reset on the client's side)",
+    )
 
 
 class HealthConfig(Strict):

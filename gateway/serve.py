@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 log_level=args.log_level,
                 access_log=False,
                 timeout_graceful_shutdown=5,
+                timeout_keep_alive=config.timeouts.keep_alive_s,
             )
         )
         # uvicorn re-raises the signal that stopped it once it has shut down; make SIGTERM end in an

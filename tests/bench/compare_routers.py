@@ -691,7 +691,7 @@ def run(args: argparse.Namespace) -> int:
         if settings.gateways > 1:
             settings.redis_url = shared.enter_context(private_redis(work_dir))
         _progress(f"starting {settings.replicas} replicas at time scale {settings.time_scale:g} (logs in {work_dir})")
-        cluster.start(settings.replicas)
+        cluster.start(settings.replicas, bare=args.bare)
         if args.find_rate:
             sweep = find_rate(settings, cluster)
             print(sweep_table(sweep))
@@ -820,6 +820,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
     parser.add_argument("--router-policies", default=",".join(ROUTER_POLICIES), help="sglang-router policies to run")
     parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router rows")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="replicas on SGLang's bare defaults (no --enable-metrics, no --enable-cache-report)",
+    )
     parser.add_argument(
         "--trace-dir",
         metavar="DIR",

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import openai
 import yaml
 
-from tests.support.procs import REPO_ROOT, free_port, start_spillgate
+from tests.support.procs import REPO_ROOT, RunningProcess, free_port, start_spillgate
 
 
 def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> None:
@@ -115,3 +117,21 @@ def alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
     return bool(stat) and stat.split()[2] != "Z"
+
+
+def test_an_idle_keep_alive_connection_outlives_uvicorns_default(gateway: RunningProcess) -> None:
+    """A client pool reusing an idle connection must find it open: uvicorn closes one after 5 s by default, and a
+    reuse racing that close is a connection reset on the client's side. The gateway keeps them 75 s."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() and conn.sock is not None
+        first = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/health")  # on the same socket: http.client reconnects only once it is closed
+        response = conn.getresponse()
+        assert response.status == 200 and response.read()
+        assert conn.sock is first, "the gateway closed an idle keep-alive connection"
+    finally:
+        conn.close()

@@ -1,0 +1,211 @@
+"""Spillgate ``cache_aware`` against sglang-router 0.3.2 ``cache_aware``, in front of two real SGLang replicas.
+
+Both routers get the same two SGLang 0.5.23 servers (the real-engine tier's, on this machine's CPU, serving the
+tiny random model), with a KV pool small enough that the trace evicts, and the same slice of the Mooncake trace
+shrunk to the tiny model's size (``spillgate bench --trace-block-tokens``). Every run starts from empty caches
+(``/flush_cache``); the routers take turns, the first one alternating between repeats. A tiny model on a CPU
+says nothing about GPU latency: these figures compare the two routers on real engines, nothing more.
+
+    python -m tests.bench.real_routers --trace ../shared/traces/mooncake/synthetic_trace.jsonl --repeat 3
+
+Needs ``make engines`` (SGLang's venv and the model); sglang-router is installed into a venv of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.bench import router_env
+from tests.engines.install import ensure
+from tests.engines.servers import RECOMMENDED, SERVED_MODEL, start_engine
+from tests.support.procs import REPO_ROOT, RunningProcess, free_port, start_process
+
+API_KEY = "sk-spillgate-real-bench"
+ROUTE = "bench"
+
+
+@dataclass(frozen=True)
+class Settings:
+    trace: Path
+    records: int
+    start: int
+    block_tokens: int
+    max_output: int
+    speedup: float
+    kv_tokens: int
+    repeat: int
+    out: Path | None
+
+
+def trace_slice(settings: Settings, work: Path) -> Path:
+    """``records`` consecutive records of the trace from ``start`` (negative: from the end), as their own file."""
+    lines = [line for line in settings.trace.read_text().splitlines() if line.strip()]
+    first = settings.start if settings.start >= 0 else len(lines) + settings.start
+    path = work / "trace.jsonl"
+    path.write_text("\n".join(lines[first : first + settings.records]) + "\n")
+    return path
+
+
+def start_spillgate(replicas: list[RunningProcess], log_dir: Path) -> tuple[RunningProcess, str]:
+    port = free_port()
+    config = {
+        "pools": [
+            {
+                "name": "sglang",
+                "served_model": SERVED_MODEL,
+                "engine": "sglang",
+                "replicas": [r.url for r in replicas],
+                "prefill_tokens_per_s": 2000,  # a prior for a CPU; measured from the first tokens on
+            }
+        ],
+        "routes": [{"name": ROUTE, "targets": ["sglang"], "policy": "cache_aware"}],
+        "tenants": [{"name": "bench", "keys": [API_KEY]}],
+        "health": {"interval_s": 0.5},
+        "state": {"data_dir": str(log_dir / f"spillgate-{port}")},
+    }
+    path = log_dir / f"spillgate-{port}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)]
+    proc = start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=60)
+    time.sleep(2.0)  # a scrape of both replicas' limits and load
+    return proc, ROUTE
+
+
+def start_router(python: str, replicas: list[RunningProcess], log_dir: Path) -> tuple[RunningProcess, str]:
+    port = free_port()
+    command = [
+        python, "-m", "sglang_router.launch_router", "--worker-urls", *[r.url for r in replicas],
+        "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn",
+        "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    proc = start_process(command, port=port, log_dir=log_dir, ready_path="/health", timeout=120, name="router")
+    return proc, SERVED_MODEL
+
+
+def flush(replicas: list[RunningProcess]) -> None:
+    """Empty both prefix caches; SGLang refuses while a request runs, so ask until it agrees."""
+    for replica in replicas:
+        deadline = time.monotonic() + 120
+        while httpx.post(replica.url + "/flush_cache", timeout=30).status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{replica.url} would not flush its cache")
+            time.sleep(0.5)
+
+
+def bench(url: str, model: str, trace: Path, settings: Settings, out: Path) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "gateway.cli", "bench", "--url", url, "--api-key", API_KEY, "--model", model,
+        "--workload", f"trace:{trace}", "--trace-speedup", str(settings.speedup),
+        "--trace-block-tokens", str(settings.block_tokens), "--trace-max-output-tokens", str(settings.max_output),
+        "--slo-ttft-ms", "5000", "--slo-tpot-ms", "500", "--json", str(out), "--no-progress",
+    ]  # fmt: skip
+    subprocess.run(command, cwd=REPO_ROOT, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["levels"][0]
+
+
+def run(settings: Settings) -> list[dict[str, Any]]:
+    installed = ensure(("sglang",))
+    python, note = router_env.router_python()
+    if python is None:
+        raise SystemExit(f"sglang-router unavailable: {note}")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="spillgate-real-routers-") as tmp:
+        work = Path(tmp)
+        trace = trace_slice(settings, work)
+        flags = (*RECOMMENDED["sglang"],)
+        replicas = [start_engine(installed, "sglang", work, *flags, kv_tokens=settings.kv_tokens) for _ in range(2)]
+        try:
+            for index in range(settings.repeat):
+                order = ["spillgate", "sglang-router"] if index % 2 == 0 else ["sglang-router", "spillgate"]
+                for router in order:
+                    flush(replicas)
+                    start = start_spillgate if router == "spillgate" else lambda r, d: start_router(python, r, d)
+                    proc, model = start(replicas, work)
+                    try:
+                        level = bench(proc.url, model, trace, settings, work / f"{router}-{index}.json")
+                    finally:
+                        proc.stop()
+                    rows.append({"router": router, "repeat": index, **summary(level)})
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+        finally:
+            for replica in replicas:
+                replica.stop()
+    return rows
+
+
+def summary(level: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "completed": level["requests"]["completed"],
+        "failed": level["requests"]["failed"],
+        "hit_rate": level["cache_hit_rate"],
+        "ttft_p50_ms": level["ttft_ms"]["p50"],
+        "ttft_p99_ms": level["ttft_ms"]["p99"],
+        "tpot_p50_ms": level["tpot_ms"]["p50"],
+        "tpot_p99_ms": level["tpot_ms"]["p99"],
+        "errors": {kind: value["count"] for kind, value in level["errors"].items()},
+        "backends": {name: value["requests"] for name, value in level["backends"].items()},
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| router | runs | requests ok / failed | hit rate | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for router in ("spillgate", "sglang-router"):
+        mine = [r for r in rows if r["router"] == router]
+        if not mine:
+            continue
+
+        def spread(key: str, scale: float = 1.0, digits: int = 0, rows: list[dict[str, Any]] = mine) -> str:
+            values = [r[key] * scale for r in rows if r[key] is not None]
+            mean = statistics.fmean(values)
+            return f"{mean:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+        ok = sum(r["completed"] for r in mine)
+        failed = sum(r["failed"] for r in mine)
+        lines.append(
+            f"| {router} cache_aware | {len(mine)} | {ok} / {failed} | {spread('hit_rate', 100, 1)}% | "
+            f"{spread('ttft_p50_ms')} | {spread('ttft_p99_ms')} | {spread('tpot_p50_ms', digits=1)} | "
+            f"{spread('tpot_p99_ms', digits=1)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", type=Path, required=True, help="a Mooncake-format JSONL trace")
+    parser.add_argument("--records", type=int, default=300, help="records replayed per run")
+    parser.add_argument("--start", type=int, default=-300, help="first record (negative: from the end)")
+    parser.add_argument("--block-tokens", type=int, default=16, help="tokens per trace block (Mooncake's: 512)")
+    parser.add_argument("--max-output", type=int, default=16, help="output tokens per request at most")
+    parser.add_argument("--speedup", type=float, default=0.5, help="trace clock divided by this")
+    parser.add_argument("--kv-tokens", type=int, default=12000, help="each replica's KV pool, in tokens")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="write every run's figures here (JSON)")
+    args = parser.parse_args(argv)
+    settings = Settings(
+        args.trace, args.records, args.start, args.block_tokens, args.max_output, args.speedup, args.kv_tokens,
+        args.repeat, args.out,
+    )  # fmt: skip
+    rows = run(settings)
+    if settings.out is not None:
+        settings.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
