@@ -2,7 +2,7 @@
 
 Why not httpx or aiohttp: every client request crosses this client once, and measured on one core httpx
 managed ~300 proxied requests/s and aiohttp ~4,600 with a 20 ms streaming p99 to first byte, against
-~10,000+ and ~0.5 ms here (see README, Performance). It does just what a proxy needs: POST a body, get the
+~10,000+ and ~0.5 ms here (see docs/performance.md). It does just what a proxy needs: POST a body, get the
 status and headers, then the body whole or as it arrives (chunked decoding by httptools); pooled
 connections per origin; connect and idle-read timeouts; one retry when a pooled connection turns out to
 have been closed by the server; back-pressure when the reader falls behind. Health probes and admin

@@ -71,7 +71,8 @@ class Lead:
 def hold_limit(configured: int | None, batch_tokens: int) -> int:
     """Uncached tokens that may wait unscheduled at a replica before new prompts are held at the gateway:
     ``configured`` if set (0: never hold), else an eighth of the replica's prefill batch (``chunked_prefill_size``):
-    about one long prompt. On ``gsp`` (seeds 0-3) it cut TTFT p99 from 350 ms at half a batch to 294 ms (README)."""
+    about one long prompt. On ``gsp`` (seeds 0-3) it cut TTFT p99 from 350 ms at half a batch to 294 ms
+    (docs/performance.md)."""
     if configured is not None:
         return configured
     return (batch_tokens or DEFAULT_BATCH_TOKENS) // HOLD_BATCH_FRACTION

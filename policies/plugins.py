@@ -77,13 +77,13 @@ class PrefixAffinityScorer:
 
     Why a rule and not a trade-off against queue length: moving a conversation or a prompt group to a cold
     replica recomputes its prefix, and at 60-80% busy that work lands in a queue too. Measured on
-    ``tests.bench.compare_routers`` (issue 3): moves at a 3x slowdown cost chat 3-4 points of hit rate
+    ``tests.bench.compare_routers``: moves at a 3x slowdown cost chat 3-4 points of hit rate
     (37% against 40.3%, the best achievable) and did not lower TTFT p99 beyond run-to-run noise; over 8 s
     they cut chat TTFT p99 from ~890 to ~650 ms but the extra prefill stalled decoding (TPOT p99 71 ms,
     goodput 74 -> 61/s). So moves are kept for gross overload, such as a hot prefix whose replica has no
     free slot. Since predictions count the batch under way, ``max_slowdown=2`` does cut chat's tail (by a
-    tenth to a fifth at 61-73% busy, for up to 2% of the best hit rate: docs/performance-log.md, sessions 14
-    and 15), a choice left to the route because the hit-rate target forbids it.
+    tenth to a fifth at 61-73% busy, for up to 2% of the best hit rate: docs/performance.md), a choice left
+    to the route because the hit-rate target forbids it.
     """
 
     min_share: float = 0.25

@@ -1,4 +1,4 @@
-"""Issue 4's burst benchmark: the same traffic burst against replicas only, a hosted model only, and spillgate.
+"""The burst benchmark: the same traffic burst against replicas only, a hosted model only, and spillgate.
 
     .venv/bin/python -m tests.bench.burst [--quick] [--json FILE]
 

@@ -9,7 +9,7 @@ Default rates were measured once with ``--find-rate`` (a Poisson sweep through s
 jumps (requests start to queue for prefill): gsp's median TTFT was 17 / 28 / 318 / 323 ms at 100 / 130 /
 160 / 190 req/s, so saturation ~160 and 110 is ~70% of it; chat's was 41 / 72 / 99 / 229 ms at 60 / 80 /
 100 / 120 req/s (and at 100+ the sessions could no longer keep up with the offered rate), so ~100 and 70.
-gsp-zipf (session 4) repeats its hot prefixes, so less of it is prefill: its median TTFT was 16 / 29 / 35 /
+gsp-zipf repeats its hot prefixes, so less of it is prefill: its median TTFT was 16 / 29 / 35 /
 52 ms at 100 / 220 / 260 / 300 req/s, so ~300 and 210. At these rates a cache-aware router keeps the
 cluster 60-80% busy; round robin, which prefills far more of each prompt, overloads it, which is the point of
 routing by cache.

@@ -60,7 +60,7 @@ def main() -> None:
     for path in paths:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line]
         if any("session" not in row for row in rows):
-            raise SystemExit(f"{path}: rows name no session (a trace from before session 10)")
+            raise SystemExit(f"{path}: rows name no session (a trace from before client rows named their chat session)")
         replicas = sorted({row["backend"] for row in rows if row["ok"]})
         if len(replicas) > args.replicas:
             raise SystemExit(f"{path}: {len(replicas)} replicas served requests; pass --replicas")
