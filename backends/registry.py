@@ -184,10 +184,6 @@ class Backend:
 _new_state = tuple.__new__
 
 
-def _auth_headers(backend: Backend) -> dict[str, str]:
-    return {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-
-
 _CACHE_REPORT = "cached-token feedback to the prefix index"
 
 
@@ -285,7 +281,7 @@ class BackendRegistry:
 
     def _get(self, backend: Backend, timeout: float | None = None) -> Get:
         assert self._http is not None
-        http, headers = self._http, _auth_headers(backend)
+        http, headers = self._http, dict(backend.request_headers)  # its key, if it has one
         extra = {"timeout": timeout} if timeout is not None else {}
 
         async def get(path: str) -> httpx.Response:
@@ -317,6 +313,7 @@ class BackendRegistry:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
                 backend.info = None  # read again: a new process may have other limits
                 backend.max_total_tokens = 0
+                backend.generation_failed = False
                 if self._events is not None:
                     self._events.restarted(backend.name)
             if backend.info is None:
@@ -346,7 +343,7 @@ class BackendRegistry:
             info = await backend.engine.describe(get, backend.served_model)
         except (httpx.HTTPStatusError, ValueError, KeyError, TypeError) as exc:
             log.warning("replica %s did not describe itself (%s): using configured limits", backend.name, exc)
-            info = ReplicaInfo()
+            info = ReplicaInfo(metrics=backend.engine.metrics_path is not None)  # scraped while it answers
         backend.info = info
         backend.max_total_tokens = info.max_total_tokens
         backend.max_running = info.max_running

@@ -47,6 +47,9 @@ class Settings:
     kv_tokens: int
     repeat: int
     out: Path | None
+    pool: dict[str, Any]
+    """More settings for spillgate's pool (``max_waiting_prefill_tokens``, ...), as the config takes them."""
+    routers: tuple[str, ...] = ("spillgate", "sglang-router")
 
 
 def trace_slice(settings: Settings, work: Path) -> Path:
@@ -58,7 +61,7 @@ def trace_slice(settings: Settings, work: Path) -> Path:
     return path
 
 
-def start_spillgate(replicas: list[RunningProcess], log_dir: Path) -> tuple[RunningProcess, str]:
+def start_spillgate(replicas: list[RunningProcess], log_dir: Path, pool: dict[str, Any]) -> tuple[RunningProcess, str]:
     port = free_port()
     config = {
         "pools": [
@@ -68,6 +71,7 @@ def start_spillgate(replicas: list[RunningProcess], log_dir: Path) -> tuple[Runn
                 "engine": "sglang",
                 "replicas": [r.url for r in replicas],
                 "prefill_tokens_per_s": 2000,  # a prior for a CPU; measured from the first tokens on
+                **pool,
             }
         ],
         "routes": [{"name": ROUTE, "targets": ["sglang"], "policy": "cache_aware"}],
@@ -117,7 +121,7 @@ def bench(url: str, model: str, trace: Path, settings: Settings, out: Path) -> d
 
 def run(settings: Settings) -> list[dict[str, Any]]:
     installed = ensure(("sglang",))
-    python, note = router_env.router_python()
+    python, note = router_env.router_python() if "sglang-router" in settings.routers else ("", "")
     if python is None:
         raise SystemExit(f"sglang-router unavailable: {note}")
     rows: list[dict[str, Any]] = []
@@ -128,21 +132,38 @@ def run(settings: Settings) -> list[dict[str, Any]]:
         replicas = [start_engine(installed, "sglang", work, *flags, kv_tokens=settings.kv_tokens) for _ in range(2)]
         try:
             for index in range(settings.repeat):
-                order = ["spillgate", "sglang-router"] if index % 2 == 0 else ["sglang-router", "spillgate"]
+                order = list(settings.routers) if index % 2 == 0 else list(reversed(settings.routers))
                 for router in order:
                     flush(replicas)
-                    start = start_spillgate if router == "spillgate" else lambda r, d: start_router(python, r, d)
-                    proc, model = start(replicas, work)
+                    if router == "spillgate":
+                        proc, model = start_spillgate(replicas, work, settings.pool)
+                    else:
+                        proc, model = start_router(python, replicas, work)
                     try:
                         level = bench(proc.url, model, trace, settings, work / f"{router}-{index}.json")
+                        held = gateway_holds(proc) if router == "spillgate" else {}
                     finally:
                         proc.stop()
-                    rows.append({"router": router, "repeat": index, **summary(level)})
+                    rows.append({"router": router, "repeat": index, **summary(level), **held})
                     print(json.dumps(rows[-1]), file=sys.stderr)
         finally:
             for replica in replicas:
                 replica.stop()
     return rows
+
+
+def gateway_holds(proc: RunningProcess) -> dict[str, float]:
+    """How often spillgate held a request at the gateway: for another's prefill of its prefix, or for room."""
+    totals = {"prefill_waits": 0.0, "prompt_holds": 0.0, "ttft_seconds_sum": 0.0, "ttft_seconds_count": 0.0}
+    for line in httpx.get(proc.url + "/metrics", timeout=10).text.splitlines():
+        for name in totals:
+            metric = f"spillgate_{name}" if name.startswith("ttft") else f"spillgate_{name}_total"
+            if line.startswith(metric + "{"):
+                totals[name] += float(line.rsplit(" ", 1)[1])
+    count = totals.pop("ttft_seconds_count")
+    # The gateway's TTFT runs from sending to the replica to its first token: the rest of the client's is the relay's.
+    totals["gateway_ttft_mean_ms"] = totals.pop("ttft_seconds_sum") / count * 1000 if count else 0.0
+    return totals
 
 
 def summary(level: dict[str, Any]) -> dict[str, Any]:
@@ -151,11 +172,13 @@ def summary(level: dict[str, Any]) -> dict[str, Any]:
         "failed": level["requests"]["failed"],
         "hit_rate": level["cache_hit_rate"],
         "ttft_p50_ms": level["ttft_ms"]["p50"],
+        "ttft_mean_ms": level["ttft_ms"]["mean"],
         "ttft_p99_ms": level["ttft_ms"]["p99"],
         "tpot_p50_ms": level["tpot_ms"]["p50"],
         "tpot_p99_ms": level["tpot_ms"]["p99"],
         "errors": {kind: value["count"] for kind, value in level["errors"].items()},
         "backends": {name: value["requests"] for name, value in level["backends"].items()},
+        "reasons": level["reasons"],
     }
 
 
@@ -195,10 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-tokens", type=int, default=12000, help="each replica's KV pool, in tokens")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write every run's figures here (JSON)")
+    parser.add_argument("--pool", type=json.loads, default={}, help="more pool settings for spillgate, as JSON")
+    parser.add_argument("--skip-router", action="store_true", help="spillgate's rows only")
     args = parser.parse_args(argv)
     settings = Settings(
         args.trace, args.records, args.start, args.block_tokens, args.max_output, args.speedup, args.kv_tokens,
-        args.repeat, args.out,
+        args.repeat, args.out, args.pool, ("spillgate",) if args.skip_router else ("spillgate", "sglang-router"),
     )  # fmt: skip
     rows = run(settings)
     if settings.out is not None:
