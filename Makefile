@@ -34,7 +34,7 @@ engines: $(VENV)/.test
 
 test-engines: engines redis-server
 	@if $(PY) -c 'import sys; from tests.engines.install import installed_already; sys.exit(installed_already() is None)'; \
-	then $(PY) -m pytest -q -m engines tests/engines; \
+	then $(PY) -m pytest -q -m engines --durations=10 tests/engines; \
 	else echo "real-engine tier skipped: SGLang and vLLM are not installed here"; fi
 
 capture-fixtures: engines

@@ -265,3 +265,10 @@ async def metrics(replica: ReplicaDep) -> Response:
     if not replica.config.enable_metrics:
         return OrjsonResponse({"detail": "Not Found"}, status_code=404)  # SGLang mounts it only with the flag
     return Response(content=replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/sim/metrics")
+async def simulator_metrics(replica: ReplicaDep) -> Response:
+    """The same page whatever the flags: the simulator's own, for benchmarks that measure replicas started on
+    SGLang's bare defaults (no gateway reads it)."""
+    return Response(content=replica.metrics.render(), media_type=CONTENT_TYPE_LATEST)

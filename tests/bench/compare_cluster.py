@@ -226,9 +226,10 @@ class Cluster:
     def counters(self) -> list[ReplicaCounters]:
         result = []
         for url in self.urls:
-            status, body = http_request(url + "/metrics")
+            # The simulator's own copy of /metrics: replicas on SGLang's bare defaults serve no /metrics.
+            status, body = http_request(url + "/sim/metrics")
             if status != 200:
-                raise RuntimeError(f"{url}/metrics answered {status}")
+                raise RuntimeError(f"{url}/sim/metrics answered {status}")
             result.append(parse_counters(body.decode()))
         return result
 
@@ -365,11 +366,15 @@ def _wait_all_healthy(service: Service, url: str, count: int) -> None:
 
 
 def start_router(python: str, cluster: Cluster, policy: str) -> Relay:
-    """sglang-router with its defaults but the policy, a quiet log and a metrics port that cannot collide."""
+    """sglang-router with its defaults but the policy, a quiet log and a metrics port that cannot collide. Its
+    5 s health-check timeout is in simulated seconds like everything else: SGLang's /health answers after a
+    (simulated) second, six wall seconds at time scale 6."""
     port = free_port()
+    health_timeout = max(5, round(5 * cluster.time_scale))
     argv = [
         python, "-m", "sglang_router.launch_router", "--worker-urls", *cluster.urls, "--policy", policy,
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--prometheus-port", str(free_port()),
+        "--health-check-timeout-secs", str(health_timeout),
     ]  # fmt: skip
     service = start(f"sglang-router-{policy}", argv, cluster.log_dir)
     relay = Relay("sglang-router", policy, service, f"http://127.0.0.1:{port}", MODEL, None, " ".join(argv))

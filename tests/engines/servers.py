@@ -47,17 +47,7 @@ def _sglang_command(
     installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
 ) -> tuple[list[str], str, dict[str, str]]:
     command = [
-        str(installed.python["sglang"]),
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(installed.model),
-        "--served-model-name",
-        SERVED_MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *_serving(installed, "sglang", "sglang.launch_server", "--model-path", port),
         "--device",
         "cpu",
         "--disable-cuda-graph",
@@ -75,17 +65,7 @@ def _vllm_command(
     installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
 ) -> tuple[list[str], str, dict[str, str]]:
     command = [
-        str(installed.python["vllm"]),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(installed.model),
-        "--served-model-name",
-        SERVED_MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+        *_serving(installed, "vllm", "vllm.entrypoints.openai.api_server", "--model", port),
         "--max-model-len",
         str(model_context(installed)),
         # vLLM on a CPU reserves its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE, 1 GiB is half a million tokens
@@ -95,6 +75,13 @@ def _vllm_command(
         *flags,
     ]
     return command, "/health", {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _serving(installed: Installed, engine: str, module: str, model_flag: str, port: int) -> list[str]:
+    """The start of either engine's command: its Python and server module, the tiny model on 127.0.0.1."""
+    python = str(installed.python[engine])
+    address = ["--host", "127.0.0.1", "--port", str(port)]
+    return [python, "-m", module, model_flag, str(installed.model), "--served-model-name", SERVED_MODEL, *address]
 
 
 def model_context(installed: Installed) -> int:

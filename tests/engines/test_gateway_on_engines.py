@@ -232,7 +232,7 @@ def _gauge(gateway: RunningProcess, name: str, backend: str) -> float:
 def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     gateway: RunningProcess, pair: list[RunningProcess], world: World
 ) -> None:
-    long_prompt = _prompt_of(world, int(world.context * 0.9))
+    long_prompt = _prompt_of(world, int(world.context * 0.6))
     done = threading.Event()
 
     def long_prefill() -> None:
@@ -248,6 +248,9 @@ def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
         time.sleep(0.2)
     thread.join()
     assert health(gateway)["pool-0"]["healthy"]
+    if world.real:
+        # Long enough that probes waiting on it would have timed out (1 s each, two in a row) several times.
+        assert time.monotonic() - started > 2.5, "the prefill was too short to prove anything"
 
     os.killpg(pair[1].pid, signal.SIGSTOP)
     try:
