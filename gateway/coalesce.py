@@ -15,7 +15,9 @@ later batch and finds the prefix cached. The gateway tells when a prefill starts
 decides it: a batch ends when its requests' first tokens come back, and the next one takes the waiting
 requests in arrival order (its ``schedule_policy`` is ``fcfs`` by default) up to ``chunked_prefill_size``
 new tokens. Held until then, a request could not have started sooner anyway; the replica is spared the
-repeated prefill.
+repeated prefill. SGLang's overlap scheduler (on by default) forms each batch as the one before it starts, before
+that one's results are in: the batch formed when a prefill's batch forms comes before its blocks are cached,
+so a request sharing them waits one pass more, until the replica's next token shows that batch has begun.
 
 The same model of batch formation keeps batches short. SGLang puts every waiting request into its next
 prefill batch, up to ``chunked_prefill_size`` new tokens, and none of them sees its first token before the
@@ -64,6 +66,9 @@ class Lead:
     tokens: int
     """Prompt tokens it prefills (those the replica does not hold): its share of a prefill batch."""
     started: asyncio.Future[None]
+    joinable: asyncio.Future[None]
+    """Done once a request sent to the replica now lands in a batch formed after this prefill's results: with
+    the overlap scheduler one pass after :attr:`started`, without it at the same time."""
     released: asyncio.Future[None] | None = None
     """Set when the gateway holds the request back (:meth:`PrefillsInFlight.sent`); done once it may go."""
 
@@ -103,6 +108,10 @@ class PrefillsInFlight:
         self._remote: OrderedDict[tuple[bytes, int], tuple[Lead, float]] = OrderedDict()
         """Prefills other gateway processes sent and have not seen start, with when to stop waiting for them."""
         self._expiry: asyncio.TimerHandle | None = None
+        self._overlap: dict[str, bool] = {}
+        """Per replica, whether it runs the overlap scheduler."""
+        self._starting: dict[str, list[Lead]] = {}
+        """Per overlapping replica, the leads whose batch has formed and not yet begun: joinable at its next pass."""
 
     def sent(
         self,
@@ -112,6 +121,7 @@ class PrefillsInFlight:
         tokens: int,
         batch_tokens: int = 0,
         hold_beyond: int = 0,
+        overlap: bool = False,
     ) -> Lead:
         """A request goes to ``replica`` to prefill ``tokens`` tokens, among them the blocks
         ``hashes[cached_blocks:]``; ``batch_tokens`` is the replica's prefill batch budget (0: the default).
@@ -122,10 +132,14 @@ class PrefillsInFlight:
         :attr:`Lead.released` is done when it may go. SGLang puts every waiting request into the next prefill
         batch, up to ``chunked_prefill_size`` tokens, and none of them sees its first token before the whole
         batch ends; holding the rest at the gateway keeps each batch to the prompts that can start soonest.
+
+        ``overlap``: the replica runs SGLang's overlap scheduler, which forms each batch as the one before it
+        starts, before that one's results are in: a prefill's blocks are matched from the batch after next.
         """
         loop = asyncio.get_running_loop()
-        lead = Lead(replica, tuple(hashes[cached_blocks:]), tokens, loop.create_future())
+        lead = Lead(replica, tuple(hashes[cached_blocks:]), tokens, loop.create_future(), loop.create_future())
         self._batch_tokens[replica] = batch_tokens or DEFAULT_BATCH_TOKENS
+        self._overlap[replica] = overlap
         self._claim_blocks(lead)
         held = self._held.get(replica)
         if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
@@ -165,20 +179,20 @@ class PrefillsInFlight:
         the replica forms its next batch from the requests still waiting."""
         replica = lead.replica
         self._release_blocks(lead)
+        self.progressed(replica)
         released = lead.released
         if released is not None and not released.done():
             # Still held (its client left): it never reached the replica.
             self._held[replica].remove(lead)
             released.cancel()
-            lead.started.set_result(None)
+            _finish(lead)
             return
         pending = self._pending.get(replica)
         if pending is not None and lead in pending:
             del pending[lead]
             if not lead.started.done():
                 self._waiting[replica] -= lead.tokens
-        if not lead.started.done():
-            lead.started.set_result(None)
+        _finish(lead)
         # Started requests come first in ``pending``; while one remains, its batch has not ended (the others'
         # first tokens are on their way). Once none does, the next batch takes the waiting requests in order
         # until the budget is spent, the one crossing it included (SGLang chunks it).
@@ -190,16 +204,39 @@ class PrefillsInFlight:
                 if ahead >= budget:
                     break
                 if not other.started.done():
-                    other.started.set_result(None)
+                    self._start(other)
                     self._waiting[replica] -= other.tokens
                 ahead += other.tokens
         self._release_held(replica)
 
+    def awaits_pass(self, replica: str) -> bool:
+        """Whether a prefix on ``replica`` becomes joinable at its next pass (:meth:`progressed`)."""
+        return bool(self._starting.get(replica))
+
+    def progressed(self, replica: str) -> None:
+        """A token came back from ``replica``: with the overlap scheduler, the batch formed at the last batch's end
+        has begun, and the batch formed now comes after its results."""
+        starting = self._starting.get(replica)
+        if starting:
+            for lead in starting:
+                if not lead.joinable.done():
+                    lead.joinable.set_result(None)
+            starting.clear()
+
+    def _start(self, lead: Lead) -> None:
+        """``lead``'s prefill batch forms now."""
+        lead.started.set_result(None)
+        if self._overlap.get(lead.replica):
+            self._starting.setdefault(lead.replica, []).append(lead)
+        else:
+            lead.joinable.set_result(None)
+
     def _enter(self, lead: Lead) -> None:
-        """``lead`` reaches its replica's queue: an idle replica starts it at once."""
+        """``lead`` reaches its replica's queue: an idle replica starts it at once, and forms its next batch at
+        once too, before a request sharing the prefix can arrive."""
         pending = self._pending.setdefault(lead.replica, {})
         if not pending:
-            lead.started.set_result(None)
+            _finish(lead)
             self._batch_since[lead.replica] = time.monotonic()
         else:
             self._waiting[lead.replica] = self._waiting.get(lead.replica, 0) + lead.tokens
@@ -224,7 +261,8 @@ class PrefillsInFlight:
         if key in self._remote:
             return
         loop = asyncio.get_running_loop()
-        lead = Lead(replica, tuple(hashes), 0, loop.create_future())
+        started = loop.create_future()
+        lead = Lead(replica, tuple(hashes), 0, started, started)
         self._remote[key] = (lead, time.monotonic() + self._remote_ttl_s)
         self._claim_blocks(lead)
         if self._expiry is None:
@@ -258,8 +296,7 @@ class PrefillsInFlight:
 
     def _forget_remote(self, lead: Lead) -> None:
         self._release_blocks(lead)
-        if not lead.started.done():
-            lead.started.set_result(None)
+        _finish(lead)
 
     def _claim_blocks(self, lead: Lead) -> None:
         """``lead`` computes those of its blocks no earlier request computes."""
@@ -289,3 +326,10 @@ class PrefillsInFlight:
 
     def __len__(self) -> int:
         return len(self._computing)
+
+
+def _finish(lead: Lead) -> None:
+    """``lead`` has started and may be joined: its prefill is over, or it never reaches the replica."""
+    for future in (lead.started, lead.joinable):
+        if not future.done():
+            future.set_result(None)

@@ -64,6 +64,8 @@ class Attempt:
     lead: Lead | None = None
     """This request's place in its replica's prefill order and the new prefix blocks it computes there."""
     stream: bool = False
+    streamed_text: bool = False
+    """A read of the stream has carried generated text: any later one that does comes from a later pass."""
     sent_at: float = 0.0
     booked_tokens: int = 0
     """Output tokens booked on the backend until the request ends."""

@@ -102,12 +102,12 @@ class PrefixTracker:
         forms: tell the other gateway processes, so that their requests sharing those blocks wait for it
         (:mod:`gateway.coalesce`)."""
         shared = self.shared
-        started = lead.started
-        if shared is None or started.done() or not lead.hashes:
+        joinable = lead.joinable
+        if shared is None or joinable.done() or not lead.hashes:
             return
         number = shared.announce(replica, lead.hashes)
         if number is not None:
-            started.add_done_callback(lambda _: shared.announce_started(replica, number))
+            joinable.add_done_callback(lambda _: shared.announce_started(replica, number))
 
     def failed(self, replica: str, fingerprint: Fingerprint, predicted_blocks: int) -> None:
         """Nothing was prefilled: withdraw what :meth:`dispatched` added beyond what was already there."""

@@ -41,7 +41,7 @@ from gateway.exchange import (
 )
 from gateway.hosted_relay import HostedRelay
 from gateway.routes import Route
-from gateway.sse import EventRelay
+from gateway.sse import EventRelay, carries_text
 from gateway.state import GatewayState
 from gateway.tenants import Tenant
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -346,11 +346,11 @@ class CompletionsHandler:
         lead, blocks = state.prefilling.computing(
             backend.name, fingerprint.hashes, attempt.matched_blocks.get(backend.name, 0)
         )
-        if lead is None or lead.started.done() or blocks * state.prefix.tokens_per_block < _SHARED_PREFILL_MIN_TOKENS:
+        if lead is None or lead.joinable.done() or blocks * state.prefix.tokens_per_block < _SHARED_PREFILL_MIN_TOKENS:
             return
         state.metrics.prefill_waits.labels(backend.name).inc()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(lead.started), _longest_wait(attempt))
+            await asyncio.wait_for(asyncio.shield(lead.joinable), _longest_wait(attempt))
 
     async def _await_release(self, backend: Backend, attempt: Attempt) -> None:
         """Wait while the replica has enough prompts waiting unscheduled (an eighth of a prefill batch by default,
@@ -395,6 +395,7 @@ class CompletionsHandler:
                 attempt.pending_prefill,
                 backend.prefill_batch_tokens,
                 hold_limit(backend.max_waiting_prefill, backend.prefill_batch_tokens) if may_hold else 0,
+                backend.info is not None and backend.info.overlap_schedule,
             )
             self._state.prefix.announce(backend.name, attempt.lead)
             self._track_batch(backend)
@@ -467,6 +468,8 @@ class CompletionsHandler:
                 if events:
                     if not attempt.first_token_at:
                         self._first_token(backend, attempt)
+                    if backend.kind == "replica":
+                        self._saw_text(backend, attempt, events)
                     await send({"type": "http.response.body", "body": events, "more_body": True})
         except HttpError as exc:
             # Headers are gone already: tell the client in-band, the way OpenAI reports mid-stream errors.
@@ -477,6 +480,14 @@ class CompletionsHandler:
         attempt.usage = relay.usage
         self._observe_tpot(backend, attempt)
         return "ok"
+
+    def _saw_text(self, backend: Backend, attempt: Attempt, events: bytes) -> None:
+        """Text from a later pass than the stream's first means the replica has begun another pass: with the
+        overlap scheduler, prefixes whose batch formed before it may now be joined (:mod:`gateway.coalesce`)."""
+        if not attempt.streamed_text:
+            attempt.streamed_text = carries_text(events)
+        elif self._state.prefilling.awaits_pass(backend.name) and carries_text(events):
+            self._state.prefilling.progressed(backend.name)
 
     async def _relay_client_error(self, response: Response, attempt: Attempt, send: Send) -> str:
         """A 4xx from the backend is about the request: pass it on, in OpenAI's shape."""

@@ -14,6 +14,11 @@ import orjson
 
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
 _SEPARATOR = b"\n\n"
+_TEXT_MARKS = tuple(
+    mark
+    for key in (b"content", b"reasoning_content", b"text", b"arguments")
+    for mark in (b'"' + key + b'":"', b'"' + key + b'": "')
+)
 
 
 class EventRelay:
@@ -64,6 +69,19 @@ class EventRelay:
                         continue
             kept.append(event + _SEPARATOR)
         return b"".join(kept)
+
+
+def carries_text(events: bytes) -> bool:
+    """Whether some chunk in ``events`` carries generated text: not only a role, a finish reason or usage, which
+    SGLang sends in the same pass as the text before or after them."""
+    for mark in _TEXT_MARKS:
+        start = events.find(mark)
+        while start >= 0:
+            end = start + len(mark)
+            if events[end : end + 1] != b'"':
+                return True
+            start = events.find(mark, end)
+    return False
 
 
 def _has_usage(data: bytes) -> bool:

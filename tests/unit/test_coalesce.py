@@ -52,6 +52,28 @@ async def test_a_failure_releases_its_waiters() -> None:
     assert prefills.computing("r0", (2, 3), 2) == (None, 0)
 
 
+async def test_with_the_overlap_scheduler_a_prefix_is_joinable_one_pass_after_its_batch_forms() -> None:
+    """SGLang's overlap scheduler forms the next batch as a batch starts: a request sent when the prefix's batch
+    forms would join the batch formed during it, before the prefix is cached."""
+    prefills = PrefillsInFlight()
+    running = prefills.sent("r0", (1,), 0, tokens=6000, overlap=True)
+    assert running.joinable.done(), "an idle replica forms its next batch at once, before anyone else arrives"
+    lead = prefills.sent("r0", (2, 3), 0, tokens=3000, overlap=True)
+    plain = prefills.sent("r1", (1,), 0, tokens=6000)
+    follower = prefills.sent("r1", (2, 3), 0, tokens=3000)
+    prefills.ended(running)
+    prefills.ended(plain)
+    assert lead.started.done() and not lead.joinable.done(), "its batch formed; the one formed next has too"
+    assert follower.joinable.done(), "without overlap the next batch forms after this one's results"
+    prefills.progressed("r1")
+    assert not lead.joinable.done(), "a token from another replica says nothing"
+    prefills.progressed("r0")
+    assert lead.joinable.done(), "its batch has begun: the batch formed now comes after it"
+    prefills.ended(lead)
+    prefills.ended(follower)
+    assert len(prefills) == 0
+
+
 async def test_prompts_wait_at_the_gateway_while_their_replica_has_enough_waiting() -> None:
     """Past ``hold_beyond`` tokens waiting unscheduled, new prompts are held in order and go as batches form;
     a cheap prompt (a prefix hit) is never held."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.sse import EventRelay
+import json
+from pathlib import Path
+
+from gateway.sse import EventRelay, carries_text
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
@@ -56,3 +59,26 @@ def test_usage_is_found_without_a_space_after_data() -> None:
     relay = EventRelay(strip_usage=True)
     assert relay.feed(b'data:{"choices":[],"usage":{"prompt_tokens":1}}\n\ndata: [DONE]\n\n') == b"data: [DONE]\n\n"
     assert relay.usage == {"prompt_tokens": 1}
+
+
+def _has_text(chunk: dict) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content"):
+            return True
+    return False
+
+
+def test_text_is_told_from_roles_finish_reasons_and_usage_in_captured_streams() -> None:
+    """Which of a real server's chunks carry generated text (the relay's sign of another pass), compact or not."""
+    fixtures = Path(__file__).parents[1] / "fixtures"
+    seen = {True: 0, False: 0}
+    for engine in ("sglang", "vllm"):
+        for name in ("chat_stream", "completion_stream"):
+            events = json.loads((fixtures / engine / "defaults" / f"{name}.json").read_text())["events"]
+            for chunk in (event for event in events if isinstance(event, dict)):
+                expected = _has_text(chunk)
+                seen[expected] += 1
+                for encoded in (json.dumps(chunk), json.dumps(chunk, separators=(",", ":"))):
+                    assert carries_text(b"data: " + encoded.encode() + b"\n\n") == expected, (engine, encoded)
+    assert seen[True] and seen[False]
