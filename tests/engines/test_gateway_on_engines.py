@@ -232,21 +232,22 @@ def _gauge(gateway: RunningProcess, name: str, backend: str) -> float:
 def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     gateway: RunningProcess, pair: list[RunningProcess], world: World
 ) -> None:
-    long_prompt = _prompt_of(world, int(world.context * 0.6))
-    done = threading.Event()
+    # Three long prompts sharing nothing, prefilled one after another (vLLM on a CPU prefills one in ~1.5 s).
+    prompts = [_prompt_of(world, int(world.context * 0.6), tag) for tag in ("p", "q", "r")]
 
-    def long_prefill() -> None:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": long_prompt}], "max_tokens": 1}
+    def long_prefill(prompt: str) -> None:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
         httpx.post(pair[0].url + "/v1/chat/completions", json=body, timeout=300)
-        done.set()
 
-    thread = threading.Thread(target=long_prefill)
+    threads = [threading.Thread(target=long_prefill, args=(prompt,)) for prompt in prompts]
     started = time.monotonic()
-    thread.start()
-    while not done.is_set() and time.monotonic() - started < 60:
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads) and time.monotonic() - started < 90:
         assert health(gateway)["pool-0"]["healthy"], "a busy replica was taken out of rotation"
         time.sleep(0.2)
-    thread.join()
+    for thread in threads:
+        thread.join()
     assert health(gateway)["pool-0"]["healthy"]
     if world.real:
         # Long enough that probes waiting on it would have timed out (1 s each, two in a row) several times.
@@ -268,11 +269,12 @@ def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     assert health(gateway)["pool-1"]["last_error"] is None, "an old probe failure is not the replica's state now"
 
 
-def _prompt_of(world: World, tokens: int) -> str:
-    """Words making about ``tokens`` tokens on the world's tokenizer (a little under)."""
-    sample = words("p", 200)
+def _prompt_of(world: World, tokens: int, tag: str = "p") -> str:
+    """Words making about ``tokens`` tokens on the world's tokenizer (a little under), sharing no prefix with
+    another ``tag``'s."""
+    sample = words(tag, 200)
     per_word = world.count_tokens(sample) / 200
-    return words("p", int(tokens / per_word * 0.95))
+    return words(tag, int(tokens / per_word * 0.95))
 
 
 def test_engine_errors_reach_the_client_in_openai_format(gateway: RunningProcess, world: World) -> None:
