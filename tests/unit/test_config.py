@@ -130,11 +130,11 @@ def test_route_affinity_settings_reach_the_cache_aware_guard() -> None:
     from gateway.routes import build_routes
     from policies.plugins import PrefixAffinityScorer
 
-    route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "affinity": {"max_slowdown": 2}}
+    route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "affinity": {"max_slowdown": 8}}
     config = parse_config({**MINIMAL, "routes": [route]})
     policy = build_routes(config, {"p": ["p-0"]}, {})["r"].policy
     guard = policy.scorers[0].scorer  # type: ignore[union-attr]
-    assert guard == PrefixAffinityScorer(max_slowdown=2.0), "unset settings keep the policy's defaults"
+    assert guard == PrefixAffinityScorer(max_slowdown=8.0), "unset settings keep the policy's defaults"
     with pytest.raises(ConfigError) as info:
         parse_config({**MINIMAL, "routes": [{**route, "policy": "least_load"}]})
     assert info.value.problems == [("routes.0.affinity", "only cache_aware has an affinity guard, not least_load")]
