@@ -176,7 +176,7 @@ def test_ideal_placement_maps_a_chat_replay_back_to_the_run() -> None:
         results=results, warmup_s=0.5,
     )  # fmt: skip
     run = Run(level, [], 30.0, (1.0, 0.0), slo)
-    # Replayed as session 7's two turns, then session 9's: the second turn of 7 found 1,000 tokens cached.
+    # Replayed as conversation 7's two turns, then conversation 9's: the second turn of 7 found 1,000 tokens cached.
     replay = Replay(hit_rate=0.25, requests=[(1000, 0), (2000, 1000), (1000, 0)], notes=[])
     expected = ideal_ttfts(
         [IdealRequest(0.0, 1000, 0), IdealRequest(1.0, 1000, 0), IdealRequest(2.0, 2000, 1000)], 1, preset
@@ -207,12 +207,12 @@ def _cold_prompt_and_turn() -> tuple[Preset, float, float]:
 
 
 def test_sticky_placement_keeps_a_conversation_on_its_first_replica() -> None:
-    """Two replicas: session 1's second turn waits behind session 1's replica although the other one is free."""
+    """Two replicas: conversation 1's second turn waits behind its replica although the other one is free."""
     preset, cold, turn = _cold_prompt_and_turn()
     requests = [
         IdealRequest(0.0, 2000, 0, session=1),
         IdealRequest(0.0, 2000, 0, session=2),
-        IdealRequest(0.0, 2000, 0, session=3),  # queues behind session 1 on replica 0
+        IdealRequest(0.0, 2000, 0, session=3),  # queues behind conversation 1 on replica 0
         IdealRequest(cold / 2, 2000, 1000, session=1),  # replica 1 frees at `cold`, replica 0 at 2 x cold
     ]
     assert sticky_ttfts(requests, 2, preset) == pytest.approx([cold, cold, 2 * cold, 2 * cold + turn - cold / 2])

@@ -139,7 +139,7 @@ async def test_chat_turns_carry_the_history_and_the_reply() -> None:
     assert follow is not None and follow.session is first.session
     assert follow.messages[:2] == [first.messages[0], {"role": "assistant", "content": "the reply text"}]
     assert follow.messages[2]["role"] == "user" and len(follow.messages) == 3
-    workload.finished(follow, "done")  # last turn of session 0
+    workload.finished(follow, "done")  # last turn of conversation 0
     workload.finished(other, None)  # a failed turn ends its session
     assert await workload.next() is None
 
