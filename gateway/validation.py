@@ -16,6 +16,8 @@ from gateway.config import LimitsConfig
 from gateway.errors import ApiError
 
 CHARS_PER_TOKEN = 4
+MAX_NESTING = 254
+"""How deep orjson serializes: what a body may nest to, as it must be serialized again to be forwarded."""
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
 _NON_TEXT_PART_CHARS = 4 * 1024
@@ -46,6 +48,15 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise ApiError(400, f"Request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+    # The parser accepts nesting the serializer refuses when the body is forwarded: refused here instead.
+    # Counting brackets is a C-speed bound on the depth, so only a body that could be that deep is serialized.
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING:
+        try:
+            orjson.dumps(payload)
+        except orjson.JSONEncodeError:
+            raise ApiError(
+                400, f"Request body is nested more than {MAX_NESTING} levels deep.", code="invalid_json"
+            ) from None
     return payload
 
 
@@ -155,7 +166,7 @@ def _message_chars(message: object, where: str) -> int:
     if not isinstance(message, dict):
         raise _invalid(where, f"'{where}' must be an object with 'role' and 'content'.")
     role = message.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise _invalid(f"{where}.role", f"'{where}.role' must be one of {sorted(_ROLES)}.")
     content = message.get("content")
     if content is None or isinstance(content, str):
@@ -179,11 +190,15 @@ def _prompt_chars(prompt: object) -> int:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
             return sum(len(item) for item in prompt)
-        if all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
+        if all(_is_token_id(item) for item in prompt):
             return len(prompt) * CHARS_PER_TOKEN
-        if all(isinstance(item, list) and all(isinstance(t, int) for t in item) for item in prompt):
+        if all(isinstance(item, list) and item and all(_is_token_id(t) for t in item) for item in prompt):
             return sum(len(item) for item in prompt) * CHARS_PER_TOKEN
     raise _invalid("prompt", "'prompt' must be a string, an array of strings, or an array of token ids.")
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _invalid(param: str, message: str, *, code: str = "invalid_value") -> ApiError:
