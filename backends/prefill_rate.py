@@ -25,6 +25,12 @@ tokens over the sum of those intervals is how fast the replica drains a queue, d
 included, which is what a prediction from a queue needs. The overhead is then the mean of what that rate
 leaves unexplained in the TTFTs of requests that found nothing ahead (whose x is exact).
 
+That overhead is measured twice, as soon as a couple of such requests exist (in either regime): for a replica
+that was idle and for one that was decoding other requests. A request sent to a decoding replica waits for
+the pass in progress, and under an overlap scheduler (SGLang's default) for the pass formed during it, before
+its own prefill runs: tens of milliseconds on a big batch, which one overhead for both would spread as
+errors of both signs over every prefix hit.
+
 The gateway reports each request at its first token, in its own units (uncached tokens as it estimated them
 when routing): those are the units predictions are made in, and a rate learned a whole reply sooner follows a
 burst while it lasts.
@@ -37,17 +43,21 @@ from collections import deque
 _WINDOW = 64
 _MIN_SAMPLES = 8
 _MIN_SPREAD_TOKENS = 256.0
+_MIN_ALONE = 2
+"""Requests that found nothing ahead before the overhead is measured on them: their x is exact, so a few do."""
 
 
 class PrefillRateEstimator:
-    __slots__ = ("_alone", "_drains", "_samples", "overhead_s", "prior", "rate")
+    __slots__ = ("_alone", "_alone_busy", "_drains", "_samples", "busy_overhead_s", "overhead_s", "prior", "rate")
 
     def __init__(self, prior_tokens_per_s: float) -> None:
         self.prior = prior_tokens_per_s
         self.rate = prior_tokens_per_s
         self.overhead_s = 0.0
+        self.busy_overhead_s = 0.0
         self._samples: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
         self._alone: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
+        self._alone_busy: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
         self._drains: deque[tuple[float, float]] = deque(maxlen=_WINDOW)
 
     def observe(
@@ -58,11 +68,13 @@ class PrefillRateEstimator:
         drain_s: float | None = None,
         *,
         drained_tokens: int | None = None,
+        busy: bool = False,
     ) -> None:
         """One request: the uncached tokens the gateway had in prefill ahead of it when it was sent, its own
         uncached tokens, and its TTFT from being sent. ``drain_s``: when it was waiting as its replica's previous
         first token came back, the seconds from then to its own, in which the replica prefilled
-        ``drained_tokens`` (its own, by default; with other gateway processes, theirs of that time too)."""
+        ``drained_tokens`` (its own, by default; with other gateway processes, theirs of that time too).
+        ``busy``: other requests were in flight there when it was sent."""
         drained = own_tokens if drained_tokens is None else drained_tokens
         if drain_s is not None and own_tokens > 0 and drain_s > 0:
             self._drains.append((float(drained), drain_s))
@@ -71,7 +83,7 @@ class PrefillRateEstimator:
             return
         self._samples.append((float(uncached_tokens), ttft_s))
         if ahead_tokens <= 0:
-            self._alone.append((float(own_tokens), ttft_s))
+            (self._alone_busy if busy else self._alone).append((float(own_tokens), ttft_s))
         if len(self._samples) >= _MIN_SAMPLES:
             self._refit()
 
@@ -81,9 +93,8 @@ class PrefillRateEstimator:
         mean_y = sum(y for _, y in self._samples) / count
         if len(self._drains) >= _MIN_SAMPLES:
             self.rate = sum(tokens for tokens, _ in self._drains) / sum(seconds for _, seconds in self._drains)
-            # Measured on requests that had nothing ahead, whose x is exact; else on all of them.
-            fit = self._alone if len(self._alone) >= _MIN_SAMPLES else self._samples
-            self.overhead_s = max(0.0, sum(y - x / self.rate for x, y in fit) / len(fit))
+            self.overhead_s = self.busy_overhead_s = max(0.0, self._unexplained(self._samples))
+            self._refit_overheads()
             return
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples) / count
         if var_x >= _MIN_SPREAD_TOKENS**2:
@@ -97,4 +108,23 @@ class PrefillRateEstimator:
         if overhead < 0:
             self.rate = mean_x / mean_y
             overhead = 0.0
-        self.overhead_s = overhead
+        self.overhead_s = self.busy_overhead_s = overhead
+        self._refit_overheads()
+
+    def _refit_overheads(self) -> None:
+        """Measured on requests that found nothing ahead, whose x is exact: apart for a replica that was
+        decoding others (a new request waits for the pass in progress, and with an overlap scheduler for the
+        one formed during it) and an idle one. Either, until it has samples of its own, takes the other's."""
+        idle = self._unexplained(self._alone) if len(self._alone) >= _MIN_ALONE else None
+        busy = self._unexplained(self._alone_busy) if len(self._alone_busy) >= _MIN_ALONE else None
+        if idle is None:
+            idle = busy
+        if busy is None:
+            busy = idle
+        if idle is not None and busy is not None:
+            self.overhead_s = max(0.0, idle)
+            self.busy_overhead_s = max(0.0, busy)
+
+    def _unexplained(self, samples: deque[tuple[float, float]]) -> float:
+        """The mean TTFT that the rate leaves unexplained."""
+        return sum(y - x / self.rate for x, y in samples) / len(samples)

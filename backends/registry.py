@@ -119,6 +119,7 @@ class Backend:
 
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
         load = self.load
+        in_flight = self.in_flight + self.peer_in_flight
         pending = self.pending_prefill_tokens + self.peer_pending_prefill_tokens
         if self.running_prefill_tokens:  # own_pending_prefill, inlined: this runs per candidate per request
             done = (now - self.running_prefill_since) * self.prefill.rate
@@ -131,7 +132,7 @@ class Backend:
                 self.name,
                 self.kind,
                 self.healthy and now >= self.unhealthy_until,
-                self.in_flight + self.peer_in_flight,
+                in_flight,
                 load.running,
                 load.queued,
                 load.token_usage,
@@ -149,7 +150,7 @@ class Backend:
                 self.usd_per_mtok_in,
                 self.usd_per_mtok_out,
                 self.outstanding_tokens + self.peer_outstanding_tokens,
-                self.prefill.overhead_s,
+                self.prefill.busy_overhead_s if in_flight else self.prefill.overhead_s,
                 self.external_load,
             ),
         )

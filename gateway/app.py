@@ -130,6 +130,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 "peer_in_flight": b.peer_in_flight,
                 "prefill_tokens_per_s": round(b.prefill.rate),
                 "prefill_overhead_ms": round(b.prefill.overhead_s * 1000, 2),
+                "prefill_overhead_busy_ms": round(b.prefill.busy_overhead_s * 1000, 2),
                 "max_running": b.max_running,
                 "ttft_ms": round(b.ttft_s * 1000, 1),
                 "tpot_ms": round(b.tpot_s * 1000, 2),

@@ -74,6 +74,8 @@ class Attempt:
     """Uncached prompt tokens the gateway had in prefill on the backend when this was sent, so that its TTFT
     measures prefill speed: ``(prefill_ahead + its own uncached tokens) / rate``. ``None`` when every running
     slot there was taken, since the wait then included other requests' decoding."""
+    sent_to_busy: bool = False
+    """Other requests were in flight on the backend when this was sent (it waited for their pass)."""
     decided_from: tuple[RouteRequest, Snapshot, str] | None = None
     """What the policy chose from, and what it chose: kept (immutable, so free to keep) for judging the
     prediction once the first token is in, off the hot path."""

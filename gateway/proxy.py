@@ -406,6 +406,7 @@ class CompletionsHandler:
         ``in_flight_ahead`` requests of ours there."""
         slots_full = backend.max_running and in_flight_ahead >= backend.max_running
         attempt.prefill_ahead = None if slots_full else prefill_ahead
+        attempt.sent_to_busy = in_flight_ahead > 0
         attempt.sent_at = time.perf_counter()
 
     def _first_token(self, backend: Backend, attempt: Attempt) -> None:
@@ -558,6 +559,7 @@ def _learn_prefill_rate(backend: Backend, attempt: Attempt, now: float) -> None:
         now - attempt.sent_at,
         drain_s,
         drained_tokens=attempt.pending_prefill + peers_prefilled,
+        busy=attempt.sent_to_busy,
     )
 
 

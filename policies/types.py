@@ -78,7 +78,8 @@ class BackendState(NamedTuple):
     outstanding_tokens: int = 0
     """Output tokens still to come for the requests the gateway has in flight here (by their max_tokens)."""
     prefill_overhead_s: float = 0.0
-    """Measured fixed time to a first token on top of the prefill itself (scheduling, a pass's floor, network)."""
+    """Measured fixed time to a first token on top of the prefill itself (scheduling, a pass's floor, network),
+    as the replica is now: idle, or decoding others (whose pass in progress a new request waits for)."""
     external_load: int = 0
     """Requests the replica reported (running and queued) at its last scrape beyond those the gateway had in
     flight there then: other clients' load, which the gateway's own count cannot see."""

@@ -85,7 +85,8 @@ def test_registry_snapshot_maps_every_field() -> None:
     backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
     backend.outstanding_tokens = 17
     backend.external_load = 5
-    backend.prefill.overhead_s = 0.006
+    backend.prefill.overhead_s = 0.001  # an idle replica's; this one has requests in flight
+    backend.prefill.busy_overhead_s = 0.006
     state = backend.state(now=0.0, prefix_tokens=13)
     assert state._asdict() == {
         "name": "r",

@@ -99,3 +99,35 @@ def test_other_processes_work_between_two_first_tokens_counts_in_the_drain() -> 
         told.observe(2000, 1000, 0.1, drain_s=0.05, drained_tokens=2000)
     assert round(alone.rate) == 20_000
     assert round(told.rate) == 40_000
+
+
+def test_a_replica_decoding_others_has_its_own_overhead() -> None:
+    # A hit sent to a replica that is decoding waits for the pass in progress and, under an overlap scheduler,
+    # the one formed during it (here 20 ms in all); on an idle one it starts at once. One overhead for both
+    # would be wrong both ways.
+    estimator = PrefillRateEstimator(prior_tokens_per_s=20_000)
+    _queue(random.Random(13), estimator, rate=30_000, relay_s=0.001, count=100)
+    for tokens in range(100, 1600, 100):
+        estimator.observe(0, tokens, 0.003 + tokens / 30_000)
+        estimator.observe(0, tokens, 0.023 + tokens / 30_000, busy=True)
+    assert abs(estimator.overhead_s - 0.003) < 0.003
+    assert abs(estimator.busy_overhead_s - 0.023) < 0.003
+
+
+def test_a_couple_of_requests_alone_give_the_overhead_before_the_window_fills() -> None:
+    # Under a cold start every early request had something ahead (the overhead fitted from them is ~0);
+    # the first hits that find nothing ahead on a decoding replica set it at once, not eight requests later.
+    estimator = PrefillRateEstimator(prior_tokens_per_s=20_000)
+    _queue(random.Random(14), estimator, rate=30_000, relay_s=0.0, count=40)
+    estimator.observe(0, 128, 0.025, busy=True)
+    estimator.observe(0, 128, 0.027, busy=True)
+    assert abs(estimator.busy_overhead_s + 128 / estimator.rate - 0.026) < 0.001
+    assert estimator.overhead_s < 0.005  # the queue's own requests that found it idle
+
+
+def test_without_idle_samples_the_busy_overhead_stands_in() -> None:
+    estimator = PrefillRateEstimator(prior_tokens_per_s=20_000)
+    for tokens in range(500, 4500, 500):
+        estimator.observe(0, tokens, 0.02 + tokens / 30_000, busy=True)
+    assert abs(estimator.busy_overhead_s - 0.02) < 0.001
+    assert estimator.overhead_s == estimator.busy_overhead_s
