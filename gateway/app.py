@@ -16,9 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backends.registry import Backend
 from gateway.admin import admin_router
+from gateway.admission import InFlightLimit
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
-from gateway.exchange import JSON_HEADERS, Receive, Scope, Send, send_json
+from gateway.exchange import Receive, Scope, Send
 from gateway.openapi import install_openapi
 from gateway.proxy import CompletionsHandler
 from gateway.spend_api import spend_router
@@ -32,8 +33,9 @@ class GatewayApp:
 
     def __init__(self, state: GatewayState) -> None:
         self.state = state
-        chat = CompletionsHandler(state, "/v1/chat/completions")
-        completions = CompletionsHandler(state, "/v1/completions")
+        slots = InFlightLimit(lambda: state.config.limits.max_in_flight)
+        chat = CompletionsHandler(state, "/v1/chat/completions", slots)
+        completions = CompletionsHandler(state, "/v1/completions", slots)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
             "/v1/chat/completions": chat,
@@ -42,32 +44,17 @@ class GatewayApp:
             "/v1/completions/": completions,
         }
         self._control = build_control_app(state)
-        self._in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         handler = self._hot.get(scope["path"]) if scope["type"] == "http" else None
         if handler is None:
             await self._control(scope, receive, send)
             return
-        if self._in_flight >= self.state.config.limits.max_in_flight:
-            self.state.metrics.overloaded.inc()
-            await send_json(send, 503, [*JSON_HEADERS, (b"retry-after", b"1")], _OVERLOADED)
-            return
-        self._in_flight += 1
         try:
             await handler(scope, receive, send)
         except Exception:
             log.exception("unhandled error on %s", scope["path"])
             await _send_internal_error(send)
-        finally:
-            self._in_flight -= 1
-
-
-_OVERLOADED = error_body(
-    503,
-    "The gateway is serving as many requests as it is configured to (limits.max_in_flight); retry shortly.",
-    code="overloaded",
-)
 
 
 def _degraded(state: GatewayState) -> dict[str, bool]:

@@ -60,13 +60,20 @@ class LimitsConfig(Strict):
         default=10_000,
         gt=0,
         description="completions the gateway serves at once; past it new ones get 503 overloaded at once, so "
-        "hung backends or a flood cannot grow its memory without bound",
+        "hung backends or a flood cannot grow its memory without bound. A request takes a slot only once its key "
+        "is valid and its whole body has arrived",
+    )
+    max_connections_per_client: int = Field(
+        default=256,
+        ge=0,
+        description="open connections one client address may hold (0: no cap); more are refused with 429. Behind "
+        "a load balancer every client shares its address: raise it or set 0 there. Read at start",
     )
 
 
 class TimeoutsConfig(Strict):
-    """Upstream timeouts in seconds: connecting, and the longest silence before or within a response; and how
-    long a client's idle keep-alive connection stays open."""
+    """Upstream timeouts in seconds: connecting, and the longest silence before or within a response; and the
+    client's: how long its request headers and body may take, and its idle keep-alive connection stays open."""
 
     connect_s: float = Field(default=2.0, gt=0)
     read_s: float = Field(default=300.0, gt=0)
@@ -76,6 +83,19 @@ class TimeoutsConfig(Strict):
         le=3600,
         description="longer than client pools and load balancers keep idle connections (aiohttp 15 s, AWS ALB 60 s), "
         "so the gateway never closes one as a client reuses it (a connection reset on the client's side)",
+    )
+    client_headers_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="from a connection's first byte (or its opening) to the end of its request headers; a slower "
+        "client is closed with 408. Read at start",
+    )
+    client_body_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="from the end of the headers to the end of the body; a slower client gets 408 and holds no slot",
     )
 
 

@@ -118,10 +118,21 @@ class DisconnectWatcher:
         self._task.cancel()
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """The whole request body, at most ``limit`` bytes, arrived within ``timeout_s`` (else 413 or 408)."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_chunks(receive, limit)
+    except TimeoutError:
+        raise ApiError(
+            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
+        ) from None
+
+
+async def _read_chunks(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -20,6 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
+from gateway.admission import OVERLOADED, InFlightLimit
 from gateway.bookkeeping import book_ledger, price_cut_off, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
@@ -69,8 +70,9 @@ _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 class CompletionsHandler:
     """One OpenAI generation endpoint; ``upstream_path`` is where the same body goes on the backend."""
 
-    def __init__(self, state: GatewayState, upstream_path: str) -> None:
+    def __init__(self, state: GatewayState, upstream_path: str, slots: InFlightLimit) -> None:
         self._state = state
+        self._slots = slots
         self._hosted = HostedRelay(state.hosted_http)
         self._upstream_path = upstream_path
         self._chat = upstream_path.endswith("chat/completions")
@@ -81,22 +83,39 @@ class CompletionsHandler:
         if scope["method"] != "POST":
             await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
             return
+        state = self._state
         try:
-            body = await read_body(scope, receive, self._state.config.limits.max_body_bytes)
-            parsed, request, route, targets = self._admit(scope, body, attempt)
-            decision = self._decide(request, route, targets, attempt)
-            decision, reservation = await self._reserve(parsed, request, route, targets, decision, attempt)
+            # The key first, then the whole body (within its deadline), and only then a slot.
+            tenant = state.tenants.authenticate(header(scope, b"authorization"))
+            body = await read_body(
+                scope, receive, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
+            )
         except ApiError as error:
+            # The body is not read (or not all of it): the connection cannot carry another request.
+            error.headers["connection"] = "close"
             await send_error(send, attempt, error)
             return
-        await self._forward(parsed, decision, attempt, reservation, receive, send)
+        if not self._slots.try_take():
+            state.metrics.overloaded.inc()
+            await send_json(send, 503, [*JSON_HEADERS, (b"retry-after", b"1")], OVERLOADED)
+            return
+        try:
+            try:
+                parsed, request, route, targets = self._admit(tenant, body, attempt)
+                decision = self._decide(request, route, targets, attempt)
+                decision, reservation = await self._reserve(parsed, request, route, targets, decision, attempt)
+            except ApiError as error:
+                await send_error(send, attempt, error)
+                return
+            await self._forward(parsed, decision, attempt, reservation, receive, send)
+        finally:
+            self._slots.give_back()
 
     def _admit(
-        self, scope: Scope, body: bytes, attempt: Attempt
+        self, tenant: Tenant, body: bytes, attempt: Attempt
     ) -> tuple[ParsedRequest, RouteRequest, Route, tuple[str, ...]]:
-        """Who is asking, for what, and may they: everything checked before a backend is chosen."""
+        """What the tenant asks for, and may they: everything checked before a backend is chosen."""
         state = self._state
-        tenant = state.tenants.authenticate(header(scope, b"authorization"))
         parsed = self._parse(body, state.config.limits)
         route = state.routes.get(parsed.model)
         if route is None:

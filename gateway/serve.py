@@ -14,6 +14,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
+from gateway.connections import guarded_protocol
 from gateway.live_config import LiveConfig
 from gateway.secrets import MissingSecret
 from gateway.state import build_state
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 host=host,
                 port=port,
                 loop="uvloop",
-                http="httptools",
+                http=guarded_protocol(config.timeouts.client_headers_s, config.limits.max_connections_per_client),
                 log_level=args.log_level,
                 access_log=False,
                 timeout_graceful_shutdown=5,

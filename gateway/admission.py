@@ -1,0 +1,36 @@
+"""How many completions the gateway serves at once, counted over both generation endpoints.
+
+A slot is taken only once a request has shown a valid key and its whole body has arrived: a client with no
+key, or one that sends its body a byte at a time, never holds one, so neither can starve paying tenants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.errors import error_body
+
+OVERLOADED = error_body(
+    503,
+    "The gateway is serving as many requests as it is configured to (limits.max_in_flight); retry shortly.",
+    code="overloaded",
+)
+
+
+class InFlightLimit:
+    """Slots for completions in progress; ``limit`` is read at each take, so a live config edit applies."""
+
+    __slots__ = ("_limit", "in_flight")
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self._limit = limit
+        self.in_flight = 0
+
+    def try_take(self) -> bool:
+        if self.in_flight >= self._limit():
+            return False
+        self.in_flight += 1
+        return True
+
+    def give_back(self) -> None:
+        self.in_flight -= 1
