@@ -10,6 +10,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.engines import EngineName
+from gateway.egress import env_problems, host_allowed
 from policies.engine import Policy, with_weights
 from policies.plugins import PrefixAffinityScorer
 from policies.registry import build_policy
@@ -130,7 +131,9 @@ class PoolConfig(Strict):
     name: Name
     served_model: str = Field(min_length=1, description="the model name the replicas expect in requests")
     engine: EngineName = Field(default="sglang", description="sglang, vllm, or openai (any compatible server)")
-    replicas: list[Annotated[str, Field(pattern=r"^https?://")]] = Field(default_factory=list)
+    replicas: list[Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+/?$")]] = Field(
+        default_factory=list, description="each http(s)://host:port, no path, query or user"
+    )
     api_key: str | None = Field(default=None, description="the replicas' --api-key: literal, or os.environ/NAME")
     simulated: SimulatedReplicas | None = None
     context_window: int = Field(
@@ -318,6 +321,20 @@ class AuthConfig(Strict):
     required: bool = True
 
 
+class SecretsConfig(Strict):
+    """What the config may read and where it may send: set at start only, so an admin key cannot widen it."""
+
+    env: list[str] | None = Field(
+        default=None,
+        description="environment variables os.environ/NAME may name (default: those the config at start names)",
+    )
+    upstream_hosts: list[str] | None = Field(
+        default=None,
+        description="hosts (api.openai.com, *.internal) and networks (10.0.0.0/8) that replica and hosted "
+        "model URLs may point to (default: any)",
+    )
+
+
 class GatewayConfig(Strict):
     listen: ListenConfig = ListenConfig()
     limits: LimitsConfig = LimitsConfig()
@@ -332,11 +349,29 @@ class GatewayConfig(Strict):
     hosted_models: list[HostedModelConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(default_factory=list)
+    secrets: SecretsConfig = SecretsConfig()
+
+
+def egress_problems(config: GatewayConfig) -> list[tuple[str, str]]:
+    """URLs outside ``secrets.upstream_hosts``, and ``os.environ/`` names outside ``secrets.env``."""
+    problems: list[tuple[str, str]] = []
+    hosts = config.secrets.upstream_hosts
+    if hosts is not None:
+        for i, pool in enumerate(config.pools):
+            for j, url in enumerate(pool.replicas):
+                if not host_allowed(url, hosts):
+                    problems.append((f"pools.{i}.replicas.{j}", f"{url} is not in secrets.upstream_hosts"))
+        for i, hosted in enumerate(config.hosted_models):
+            if hosted.api_base is not None and not host_allowed(hosted.api_base, hosts):
+                problems.append((f"hosted_models.{i}.api_base", f"{hosted.api_base} is not in secrets.upstream_hosts"))
+    if config.secrets.env is not None:
+        problems += env_problems(config.model_dump(), config.secrets.env)
+    return problems
 
 
 def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     """Names that do not resolve, as (field path, message): what pydantic cannot see field by field."""
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = egress_problems(config)
     targets = [p.name for p in config.pools] + [h.name for h in config.hosted_models]
     problems += _duplicates("pools/hosted_models", "pool or hosted model", targets)
     problems += _duplicates("routes", "route name or alias", [n for r in config.routes for n in (r.name, *r.aliases)])

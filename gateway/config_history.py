@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.secrets import ENV_PREFIX
 from gateway.tenants import key_digest
@@ -88,8 +88,8 @@ def new_version(
 
 
 def redact(raw: dict[str, Any]) -> dict[str, Any]:
-    """The config as an admin may see it: keys become their digests (still valid in a config), provider
-    keys and Redis passwords become ``<redacted>`` (restored from the running config when sent back)."""
+    """The config as an admin may see it: keys become their digests (still valid in a config), provider and
+    replica keys and Redis passwords become ``<redacted>`` (restored when sent back to the same destination)."""
     out = json.loads(json.dumps(raw))
     for tenant in out.get("tenants") or []:
         if isinstance(tenant, dict) and isinstance(tenant.get("keys"), list):
@@ -97,26 +97,78 @@ def redact(raw: dict[str, Any]) -> dict[str, Any]:
     admin = out.get("admin")
     if isinstance(admin, dict) and isinstance(admin.get("keys"), list):
         admin["keys"] = [_key_spec(k) for k in admin["keys"]]
-    for hosted in out.get("hosted_models") or []:
-        if isinstance(hosted, dict) and _is_literal_secret(hosted.get("api_key")):
-            hosted["api_key"] = REDACTED
+    for section in _KEYED_SECTIONS:
+        for entry in out.get(section) or []:
+            if isinstance(entry, dict) and _is_literal_secret(entry.get("api_key")):
+                entry["api_key"] = REDACTED
     state = out.get("state")
     if isinstance(state, dict) and _is_literal_secret(state.get("redis_url")) and "@" in state["redis_url"]:
         state["redis_url"] = REDACTED
     return out
 
 
-def unredact(raw: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """Put back the secrets :func:`redact` hid, from the running config, so a GET-edit-PUT round trip works."""
+_KEYED_SECTIONS = ("hosted_models", "pools")
+"""The sections whose entries hold a key for somewhere else: a provider's, or the replicas' ``--api-key``."""
+
+
+class Destination(NamedTuple):
+    """Where an entry's key is sent: a hosted model's model (its provider) and base URL; a pool's engine and
+    replicas. A redacted key is restored only onto the same destination."""
+
+    kind: str
+    target: tuple[object, ...]
+    addresses: frozenset[str] = frozenset()
+
+    def admits(self, new: Destination) -> bool:
+        """``new`` sends the key nowhere this did not: the same target, and (a pool) no replica added."""
+        return new.kind == self.kind and new.target == self.target and new.addresses <= self.addresses
+
+
+def destination(section: str, entry: dict[str, Any]) -> Destination:
+    if section == "hosted_models":
+        return Destination("hosted", (entry.get("model"), entry.get("api_base")))
+    replicas = entry.get("replicas")
+    addresses = frozenset(str(r) for r in replicas) if isinstance(replicas, list) else frozenset()
+    return Destination("pool", (entry.get("engine", "sglang"),), addresses)
+
+
+def known_keys(raw: dict[str, Any]) -> dict[tuple[str, str], tuple[Destination, object]]:
+    """Every key ``raw`` holds in the clear, by (section, entry name): the key and its destination."""
+    known: dict[tuple[str, str], tuple[Destination, object]] = {}
+    for section in _KEYED_SECTIONS:
+        for entry in raw.get(section) or []:
+            if isinstance(entry, dict) and entry.get("api_key") not in (None, REDACTED):
+                known[(section, str(entry.get("name")))] = (destination(section, entry), entry["api_key"])
+    return known
+
+
+def unredact(
+    raw: dict[str, Any],
+    keys: dict[tuple[str, str], tuple[Destination, object]],
+    redis_url: object = None,
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Put back the secrets :func:`redact` hid, so a GET-edit-PUT round trip works; and the problems: each
+    redacted key that cannot be put back because this gateway never had it or its destination changed (a
+    pool's new replica, a hosted model's new provider, model or base URL must be sent the key again, or an
+    admin key could send it anywhere)."""
     out = json.loads(json.dumps(raw))
-    current_keys = {h.get("name"): h.get("api_key") for h in current.get("hosted_models") or [] if isinstance(h, dict)}
-    for hosted in out.get("hosted_models") or []:
-        if isinstance(hosted, dict) and hosted.get("api_key") == REDACTED:
-            hosted["api_key"] = current_keys.get(hosted.get("name"))
+    problems: list[tuple[str, str]] = []
+    for section in _KEYED_SECTIONS:
+        for index, entry in enumerate(out.get(section) or []):
+            if not isinstance(entry, dict) or entry.get("api_key") != REDACTED:
+                continue
+            found = keys.get((section, str(entry.get("name"))))
+            where = f"{section}.{index}.api_key"
+            if found is None:
+                problems.append((where, "redacted, and this gateway does not know its key: send the key again"))
+            elif not found[0].admits(destination(section, entry)):
+                problems.append((where, "redacted, and where it is sent changed: send the key again"))
+            else:
+                entry["api_key"] = found[1]
     state = out.get("state")
     if isinstance(state, dict) and state.get("redis_url") == REDACTED:
-        state["redis_url"] = (current.get("state") or {}).get("redis_url")
-    return out
+        state["redis_url"] = redis_url
+    return out, problems
 
 
 def _is_literal_secret(value: object) -> bool:

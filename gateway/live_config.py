@@ -21,7 +21,17 @@ import yaml
 
 from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.config_history import REDACTED, ConfigVersion, LocalHistory, file_digest, new_version, redact, unredact
+from gateway.config_history import (
+    ConfigVersion,
+    Destination,
+    LocalHistory,
+    file_digest,
+    known_keys,
+    new_version,
+    redact,
+    unredact,
+)
+from gateway.egress import env_problems, env_references
 from gateway.secrets import MissingSecret
 from gateway.tasks import stop_if_cancelled
 from gateway.tenants import resolve_key
@@ -31,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spillgate.config")
 
-_RESTART_ONLY = ("listen", "state", "prefix", "health", "timeouts")
+_RESTART_ONLY = ("listen", "state", "prefix", "health", "timeouts", "secrets")
 _FILE_POLL_S = 1.0
 _REDIS_POLL_S = 0.25
 
@@ -49,12 +59,16 @@ class LiveConfig:
         self._lock = asyncio.Lock()
         self._file_sha = file_digest(path.read_text()) if path else None
         self._startup_raw = raw
+        self._startup_env = {name for _, name in env_references(raw)}
+        """The environment variables the config at start names: the only ones an edit may name, unless
+        ``secrets.env`` lists others."""
         self._started = state.config
         """The config this process started with: its simulated backends are the ones running, whatever version
         runs now, so a version may drop them and a later one bring them back."""
         self._running_raw = raw
         """The running config with its secrets: kept in memory only; versions store it redacted."""
-        self._hosted_keys: dict[str, object] = {}
+        self._keys: dict[tuple[str, str], tuple[Destination, object]] = {}
+        """Every provider and replica key this process has been given, with where it was to be sent."""
         """The latest provider key each hosted model had in a version this process ran (in memory only): a
         rollback to a version whose model a later one removed gets its key back from here."""
         self._remember_keys(raw)
@@ -110,6 +124,8 @@ class LiveConfig:
     def _validate(self, raw: object) -> GatewayConfig:
         config = parse_config(raw, source="config")
         problems = restart_problems(self._started, config)
+        if config.secrets.env is None:  # else checked with the config itself
+            problems += env_problems(raw, self._startup_env)
         if problems:
             raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
         return config
@@ -132,22 +148,12 @@ class LiveConfig:
         self._running_raw = raw
 
     def _remember_keys(self, raw: dict[str, Any]) -> None:
-        for hosted in raw.get("hosted_models") or []:
-            if isinstance(hosted, dict) and hosted.get("api_key") not in (None, REDACTED):
-                self._hosted_keys[str(hosted.get("name"))] = hosted["api_key"]
+        self._keys.update(known_keys(raw))
 
     def _unredact(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """``raw`` with the secrets a GET redacted put back; :class:`ConfigError` for a provider key this
-        process never had (rather than a model without its key, failing every request)."""
-        known = {"hosted_models": [{"name": n, "api_key": k} for n, k in self._hosted_keys.items()]}
-        restored = unredact(raw, known | {"state": self._running_raw.get("state")})
-        problems = [
-            (f"hosted_models.{i}.api_key", "redacted, and this gateway does not know its key: send the key again")
-            for i, hosted in enumerate(raw.get("hosted_models") or [])
-            if isinstance(hosted, dict)
-            and hosted.get("api_key") == REDACTED
-            and str(hosted.get("name")) not in self._hosted_keys
-        ]
+        """``raw`` with the secrets a GET redacted put back; :class:`ConfigError` for a key this process never
+        had, or whose destination changed (rather than a model without its key, or a key sent somewhere new)."""
+        restored, problems = unredact(raw, self._keys, (self._running_raw.get("state") or {}).get("redis_url"))
         if problems:
             raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
         return restored
@@ -186,8 +192,8 @@ class LiveConfig:
         if latest.raw == redact(self._startup_raw):
             self.current = latest
             return
-        raw = unredact(latest.raw, self._startup_raw)
         try:
+            raw = self._unredact(latest.raw)
             self._apply(self._validate(raw), latest, raw, record=False)
         except ConfigError as exc:
             log.error("config version %d no longer applies, running the file instead: %s", latest.version, exc)

@@ -372,6 +372,7 @@ def test_a_version_that_dropped_a_simulated_backend_can_be_rolled_back(tmp_path:
         # A model litellm cannot place is the operator's mistake: refused here, not blamed on every client.
         changed = copy.deepcopy(current(proc)["config"])
         changed["hosted_models"][0]["model"] = "nosuchprovider/x"
+        changed["hosted_models"][0]["api_key"] = "sk-simulated"  # a new model must be sent its key again
         refused = put(proc, changed)
         assert refused.status_code == 422, refused.text
         assert refused.json()["problems"] == [
