@@ -268,9 +268,10 @@ class TenantConfig(Strict):
     """Who gets paid-for overflow: ``low`` never spills for overflow (it waits or is refused instead)."""
     limits: RateLimitConfig = RateLimitConfig()
     budget: BudgetConfig = BudgetConfig()
-    isolation: Literal["shared", "salted", "dedicated"] = "shared"
-    """``shared``: prefix index salted per tenant, replica caches shared (a co-tenant can time cache hits).
-    ``salted``: the gateway also sends a per-tenant ``cache_salt`` so replica caches are never shared.
+    isolation: Literal["shared", "salted", "dedicated"] = "salted"
+    """``salted`` (the default): the gateway sends a per-tenant ``cache_salt`` so replica caches are never shared.
+    ``shared``: prefix index salted per tenant, replica caches shared (a co-tenant can time cache hits; tenants
+    sending the same system prompt share its cache).
     ``dedicated``: only ``dedicated_pools`` serve this tenant, and they serve nobody else."""
     dedicated_pools: list[Name] = Field(default_factory=list)
 
@@ -289,7 +290,17 @@ class AdminConfig(Strict):
 
 class MetricsConfig(Strict):
     tenant_labels: bool = False
-    """Label spend series with tenant names; off, they read ``tenant="all"``."""
+    """Label spend series with tenant names; off, they read ``tenant="all"``. Needs ``token``: the labels show
+    every tenant's name and spend to whoever can read ``/metrics``."""
+    token: KeySpec | None = None
+    """When set, ``/metrics`` needs ``Authorization: Bearer <token>`` (Prometheus: ``authorization.credentials``);
+    a literal, ``sha256:<hex>`` or ``os.environ/NAME``."""
+
+    @model_validator(mode="after")
+    def _labels_need_a_token(self) -> MetricsConfig:
+        if self.tenant_labels and self.token is None:
+            raise ValueError("tenant_labels shows every tenant's spend to whoever reaches /metrics: set a token too")
+        return self
 
 
 class PrefixConfig(Strict):

@@ -97,6 +97,9 @@ def redact(raw: dict[str, Any]) -> dict[str, Any]:
     admin = out.get("admin")
     if isinstance(admin, dict) and isinstance(admin.get("keys"), list):
         admin["keys"] = [_key_spec(k) for k in admin["keys"]]
+    metrics = out.get("metrics")
+    if isinstance(metrics, dict) and isinstance(metrics.get("token"), str):
+        metrics["token"] = _key_spec(metrics["token"])
     for section in _KEYED_SECTIONS:
         for entry in out.get(section) or []:
             if isinstance(entry, dict) and _is_literal_secret(entry.get("api_key")):

@@ -4,6 +4,7 @@ lookup's timing says nothing about which keys exist."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass
 
 from gateway.accounting import UNLIMITED, TenantLimits
@@ -65,6 +66,18 @@ def resolve_key(spec: str) -> str:
     if spec.startswith("sha256:"):
         return spec.removeprefix("sha256:").lower()
     return key_digest(resolve_secret(spec))
+
+
+def bearer_matches(authorization: str | None, spec: str) -> bool:
+    """The ``Authorization`` header carries the key ``spec`` configures (compared in constant time)."""
+    key = _bearer(authorization)
+    if key is None:
+        return False
+    try:
+        expected = resolve_key(spec)
+    except MissingSecret:
+        return False
+    return hmac.compare_digest(key_digest(key), expected)
 
 
 def _bearer(authorization: str | None) -> str | None:

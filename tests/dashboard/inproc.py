@@ -20,6 +20,7 @@ from tests.support.procs import free_port
 ADMIN_KEY = "sk-inproc-admin"
 KEYS = {"tenant-a": "sk-inproc-a", "tenant-b": "sk-inproc-b", "vip": "sk-inproc-vip"}
 CLOSED = "http://127.0.0.1:9"
+METRICS_TOKEN = "sk-inproc-metrics"
 """The discard port: nothing listens, so probes fail fast and the replicas read as unhealthy."""
 
 
@@ -36,7 +37,7 @@ def config() -> dict[str, Any]:
             {"name": "vip", "keys": [KEYS["vip"]], "isolation": "dedicated", "dedicated_pools": ["vip-pool"]},
         ],
         "admin": {"keys": [ADMIN_KEY]},
-        "metrics": {"tenant_labels": True},
+        "metrics": {"tenant_labels": True, "token": METRICS_TOKEN},
         "health": {"interval_s": 60, "timeout_s": 0.2, "unhealthy_after": 1},
     }
 

@@ -92,3 +92,5 @@ def test_prometheus_example_scrapes_the_gateway() -> None:
     gateway = jobs["spillgate"]
     assert gateway["metrics_path"] == "/metrics"
     assert gateway["static_configs"][0]["targets"] == ["127.0.0.1:8080"]  # the demo's listen address
+    demo = yaml.safe_load((CONFIG / "demo.yaml").read_text())
+    assert gateway["authorization"]["credentials"] == demo["metrics"]["token"]  # the demo's /metrics needs it

@@ -25,6 +25,8 @@ KEYS = {
     "salted-a": "sk-iso-salted-a",
     "salted-b": "sk-iso-salted-b",
     "dedicated-a": "sk-iso-dedicated-a",
+    "default-a": "sk-iso-default-a",
+    "default-b": "sk-iso-default-b",
 }
 
 
@@ -37,8 +39,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
     tenants = [
         {"name": name, "keys": [key], "isolation": name.split("-")[0]}
         for name, key in KEYS.items()
-        if not name.startswith("dedicated")
+        if not name.startswith(("dedicated", "default"))
     ]
+    tenants += [{"name": name, "keys": [KEYS[name]]} for name in ("default-a", "default-b")]
     tenants.append(
         {"name": "dedicated-a", "keys": [KEYS["dedicated-a"]], "isolation": "dedicated", "dedicated_pools": ["private"]}
     )
@@ -125,6 +128,10 @@ def test_salted_victim_is_unobservable_by_a_shared_prober(gateway: RunningProces
 
 def test_salted_prober_learns_nothing_from_a_shared_victim(gateway: RunningProcess) -> None:
     assert_unobservable(probe(gateway, "shared-a", "salted-b"))
+
+
+def test_tenants_on_the_default_isolation_are_unobservable_to_each_other(gateway: RunningProcess) -> None:
+    assert_unobservable(probe(gateway, "default-a", "default-b"))
 
 
 def test_salted_tenants_are_unobservable_to_each_other(gateway: RunningProcess) -> None:

@@ -137,3 +137,23 @@ def test_a_replica_url_with_a_path_query_or_user_is_refused(gateway: RunningProc
         edit["pools"][0]["replicas"] = [url]
         edit["pools"][0]["api_key"] = "sk-new"
         assert "pools.0.replicas.0" in problems(put(gateway, edit))
+
+
+def test_metrics_with_tenant_labels_need_a_token(replica: RunningProcess, tmp_path: Path) -> None:
+    from gateway.config import ConfigError, parse_config
+
+    raw = config(replica, tmp_path / "data", metrics={"tenant_labels": True})
+    with pytest.raises(ConfigError, match="token"):
+        parse_config(raw, source="test")
+    raw["metrics"]["token"] = "sk-metrics-reader"
+    path = tmp_path / "spillgate.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = serve(path, tmp_path)
+    try:
+        assert httpx.get(proc.url + "/metrics").status_code == 401
+        assert httpx.get(proc.url + "/metrics", headers={"authorization": f"Bearer {TENANT_KEY}"}).status_code == 401
+        scraped = httpx.get(proc.url + "/metrics", headers={"authorization": "Bearer sk-metrics-reader"})
+        assert scraped.status_code == 200 and "spillgate_" in scraped.text
+        assert "sk-metrics-reader" not in str(current(proc)["config"])
+    finally:
+        proc.stop()
