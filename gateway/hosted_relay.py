@@ -9,6 +9,7 @@ in-band, as OpenAI does. Provider keys never reach the client: error messages co
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import httpx
@@ -18,6 +19,8 @@ from backends.registry import Backend
 from gateway.errors import ApiError
 from gateway.exchange import JSON_HEADERS, SSE_HEADERS, Attempt, Send, TryElsewhere, response_headers, send_json
 from gateway.validation import ParsedRequest
+
+log = logging.getLogger("spillgate.hosted")
 
 FirstToken = Callable[[Backend, Attempt], None]
 
@@ -85,7 +88,14 @@ class HostedRelay:
             await result.aclose()
 
 
+_CREDENTIALS_REFUSED = (401, 402, 403)
+"""A provider refusing the gateway's key or account: the operator's to fix, not the client's request."""
+
+
 def _api_error(exc: HostedError, backend: str) -> ApiError:
+    if exc.kind == "bad_request" and exc.status in _CREDENTIALS_REFUSED:
+        log.warning("hosted model %s refused the gateway's credentials (%s): check its api_key", backend, exc.status)
+        return ApiError(502, f"Hosted model {backend} refused the gateway's credentials.", code="hosted_auth")
     status = _STATUS.get(exc.kind, 502)
     if exc.kind == "bad_request" and exc.status and 400 <= exc.status < 500:
         status = exc.status
@@ -95,4 +105,5 @@ def _api_error(exc: HostedError, backend: str) -> ApiError:
 
 def _try_elsewhere(exc: HostedError, backend: str) -> TryElsewhere:
     """Anything but a rejected request may succeed elsewhere, as long as nothing was streamed yet."""
-    return TryElsewhere(_api_error(exc, backend), retryable=exc.kind != "bad_request" and not exc.streamed_anything)
+    rejected = exc.kind == "bad_request" and exc.status not in _CREDENTIALS_REFUSED
+    return TryElsewhere(_api_error(exc, backend), retryable=not rejected and not exc.streamed_anything)

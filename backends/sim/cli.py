@@ -82,6 +82,7 @@ def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="report repeated prefixes of prompts this long as cached, in 128-token blocks (0: never)",
     )
+    parser.add_argument("--api-key", default=None, help="accept only this key, as a provider does (default: any)")
     add_fault_arguments(parser)
     parser.set_defaults(handler=run_hosted)
 
@@ -118,6 +119,7 @@ def hosted_config_from_args(args: argparse.Namespace) -> HostedConfig:
         jitter=args.jitter,
         time_scale=args.time_scale,
         seed=args.seed,
+        api_key=args.api_key,
     )
 
 

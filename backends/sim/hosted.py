@@ -19,7 +19,7 @@ from starlette.responses import StreamingResponse
 from backends.sim.errors import validation_message
 from backends.sim.hosted_anthropic import add_anthropic_routes
 from backends.sim.hosted_faults import Fault
-from backends.sim.hosted_model import HostedConfig, SimHostedModel, finish_reason
+from backends.sim.hosted_model import HostedConfig, SimHostedModel, finish_reason, key_accepted
 from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
 from backends.sim.tokenizer import check_token_ids
 from backends.sim.wire import DONE, OrjsonResponse, sse_event
@@ -56,12 +56,6 @@ def _fault_response(fault: Fault, retry_after_s: int) -> OrjsonResponse | None:
 
 class _Unauthorized(Exception):
     pass
-
-
-async def _require_api_key(request: Request) -> None:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise _Unauthorized
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -101,6 +95,11 @@ def create_hosted_app(config: HostedConfig) -> FastAPI:
     app = FastAPI(title="spillgate hosted-model simulator", docs_url=None, redoc_url=None)
     app.state.stop_generation = model.stop
     add_anthropic_routes(app, model)
+
+    async def _require_api_key(request: Request) -> None:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key_accepted(key, config):
+            raise _Unauthorized
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(request: Request, exc: Exception) -> OrjsonResponse:

@@ -23,7 +23,7 @@ from starlette.responses import StreamingResponse
 
 from backends.sim.generation import OutputPlan
 from backends.sim.hosted_faults import Fault
-from backends.sim.hosted_model import SimHostedModel
+from backends.sim.hosted_model import SimHostedModel, key_accepted
 from backends.sim.wire import OrjsonResponse
 
 # A content_block_delta cut off mid-JSON: what a broken proxy or a truncated write looks like.
@@ -99,9 +99,9 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
-def _check_headers(request: Request) -> OrjsonResponse | None:
-    if not request.headers.get("x-api-key", "").strip():
-        return _error(401, "authentication_error", "x-api-key header is required")
+def _check_headers(request: Request, model: SimHostedModel) -> OrjsonResponse | None:
+    if not key_accepted(request.headers.get("x-api-key", ""), model.config):
+        return _error(401, "authentication_error", "invalid x-api-key")
     if not request.headers.get("anthropic-version"):
         return _error(400, "invalid_request_error", "anthropic-version: header is required")
     return None
@@ -124,7 +124,7 @@ def add_anthropic_routes(app: FastAPI, model: SimHostedModel) -> None:
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
-        rejected = _check_headers(request)
+        rejected = _check_headers(request, model)
         if rejected is not None:
             return rejected
         body = _parse(await request.body())

@@ -33,7 +33,15 @@ class HostedConfig:
     time_scale: float = 1.0
     seed: int = 0
     prompt_cache_min_tokens: int = 1024
+    api_key: str | None = None
+    """The one key accepted, as a provider accepts its customer's; None: any non-empty key."""
     faults: FaultConfig = field(default_factory=FaultConfig)
+
+
+def key_accepted(key: str, config: HostedConfig) -> bool:
+    """Any non-empty key, or only the configured one."""
+    key = key.strip()
+    return bool(key) and (config.api_key is None or key == config.api_key)
 
 
 class SimHostedModel:

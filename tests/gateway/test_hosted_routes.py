@@ -49,6 +49,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     failing = start_hosted(log_dir, "--fail-500-every", "1")
     limited = start_hosted(log_dir, "--fail-429-every", "1", "--retry-after-s", "7")
     broken = start_hosted(log_dir, "--malformed-after-chunks", "3")
+    locked = start_hosted(log_dir, "--api-key", "sk-not-the-gateways")
     config = gateway_config([replica.url])
     config["hosted_models"] = [
         hosted_entry("oai", "openai/m", healthy.url + "/v1"),
@@ -56,12 +57,22 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
         hosted_entry("failing", "openai/m", failing.url + "/v1"),
         hosted_entry("limited", "openai/m", limited.url + "/v1"),
         hosted_entry("broken", "openai/m", broken.url + "/v1"),
+        hosted_entry("locked", "openai/m", locked.url + "/v1"),
+        hosted_entry("locked-claude", "anthropic/m", locked.url),
     ]
     config["routes"] += [
         {"name": "oai", "targets": ["oai"]},
         {"name": "claude", "targets": ["claude"]},
         {"name": "limited", "targets": ["limited"]},
         {"name": "broken", "targets": ["broken"]},
+        {"name": "locked", "targets": ["locked"]},
+        {"name": "locked-claude", "targets": ["locked-claude"]},
+        {
+            "name": "locked-then-pool",
+            "targets": ["pool", "locked"],
+            "policy": "cache_aware",
+            "spill": {"complexity_threshold": 0.5},
+        },
         {
             "name": "failover",
             "targets": ["pool", "failing"],
@@ -71,7 +82,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     ]
     gateway = start_gateway(config, log_dir)
     yield gateway
-    for proc in (gateway, healthy, failing, limited, broken, replica):
+    for proc in (gateway, healthy, failing, limited, broken, locked, replica):
         proc.stop()
 
 
@@ -110,6 +121,24 @@ def test_rate_limits_reach_the_client_with_retry_after(setup: RunningProcess) ->
     assert response.status_code == 429
     assert response.headers["retry-after"] == "7"
     assert response.json()["error"]["code"] == "hosted_rate_limited"
+
+
+@pytest.mark.parametrize("route", ["locked", "locked-claude"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_provider_refusing_the_gateways_key_is_a_502_not_the_clients_401(
+    setup: RunningProcess, route: str, stream: bool
+) -> None:
+    body = {"model": route, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": stream}
+    response = httpx.post(setup.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 502, response.text
+    assert response.json()["error"]["code"] == "hosted_auth"
+
+
+def test_a_provider_refusing_the_gateways_key_falls_back(setup: RunningProcess) -> None:
+    body = {"model": "locked-then-pool", "messages": [{"role": "user", "content": COMPLEX}], "max_tokens": 4}
+    response = httpx.post(setup.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    assert response.status_code == 200, response.text
+    assert (response.headers["x-spillgate-backend"], response.headers["x-spillgate-reason"]) == ("pool-0", "fallback")
 
 
 def test_a_broken_stream_ends_with_an_in_band_error(setup: RunningProcess) -> None:
