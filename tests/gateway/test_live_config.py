@@ -383,3 +383,17 @@ def test_a_version_that_dropped_a_simulated_backend_can_be_rolled_back(tmp_path:
         ]
     finally:
         proc.stop()
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(gateway: tuple[RunningProcess, Path]) -> None:
+    proc, _ = gateway
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]  # 10^9 nodes once expanded
+    response = httpx.put(
+        proc.url + "/admin/config",
+        content="\n".join(lines).encode(),
+        headers={**ADMIN, "content-type": "application/yaml"},
+        timeout=30,
+    )
+    assert response.status_code == 400 and "aliases" in response.json()["error"]["message"]
+    assert backend_of(proc) == "blue-0"  # and the gateway still serves

@@ -54,7 +54,7 @@ def _start_slow_body(gateway: RunningProcess, key: str | None) -> socket.socket:
 
 
 def _answer(sock: socket.socket) -> bytes:
-    """What the gateway sent before closing (b'' if it closed without a word)."""
+    """What the gateway sent before closing; raises if it keeps the connection open 10 s (far past its deadlines)."""
     sock.settimeout(10)
     data = b""
     while chunk := sock.recv(65536):
@@ -82,12 +82,10 @@ def test_a_slow_body_with_a_key_holds_no_slot_and_gets_408(guarded: RunningProce
         time.sleep(0.3)
         response = httpx.post(guarded.url + "/v1/chat/completions", json=BODY, headers=AUTH, timeout=30)
         assert response.status_code == 200, response.text
-        started = time.monotonic()
         for sock in socks:
             answer = _answer(sock)
             assert answer.startswith(b"HTTP/1.1 408"), answer
             assert b'"code":"request_timeout"' in answer
-        assert time.monotonic() - started < 5
     finally:
         for sock in socks:
             sock.close()
@@ -97,11 +95,9 @@ def test_slow_headers_and_silent_connections_are_closed(guarded: RunningProcess)
     silent = _connect(guarded)
     trickling = _connect(guarded)
     try:
-        started = time.monotonic()
         trickling.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")  # and nothing more
         assert _answer(trickling).startswith(b"HTTP/1.1 408")
         assert _answer(silent).startswith(b"HTTP/1.1 408")
-        assert time.monotonic() - started < 5
     finally:
         silent.close()
         trickling.close()
