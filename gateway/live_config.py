@@ -42,6 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("spillgate.config")
 
 _RESTART_ONLY = ("listen", "state", "prefix", "health", "timeouts", "secrets")
+_NEXT_VERSION = """
+local n = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[1])
+if n <= floor then
+  n = floor + 1
+  redis.call('SET', KEYS[1], n)
+end
+return n
+"""
+"""The fleet's version counter, raised past ``floor`` (the caller's latest) when it is behind."""
 _FILE_POLL_S = 1.0
 _REDIS_POLL_S = 0.25
 
@@ -67,7 +77,7 @@ class LiveConfig:
         runs now, so a version may drop them and a later one bring them back."""
         self._running_raw = raw
         """The running config with its secrets: kept in memory only; versions store it redacted."""
-        self._keys: dict[tuple[str, str], tuple[Destination, object]] = {}
+        self._secrets: dict[tuple[str, str], tuple[Destination, object]] = {}
         """Every provider and replica key this process has been given, with where it was to be sent."""
         """The latest provider key each hosted model had in a version this process ran (in memory only): a
         rollback to a version whose model a later one removed gets its key back from here."""
@@ -148,12 +158,12 @@ class LiveConfig:
         self._running_raw = raw
 
     def _remember_keys(self, raw: dict[str, Any]) -> None:
-        self._keys.update(known_keys(raw))
+        self._secrets.update(known_keys(raw))
 
     def _unredact(self, raw: dict[str, Any]) -> dict[str, Any]:
         """``raw`` with the secrets a GET redacted put back; :class:`ConfigError` for a key this process never
         had, or whose destination changed (rather than a model without its key, or a key sent somewhere new)."""
-        restored, problems = unredact(raw, self._keys, (self._running_raw.get("state") or {}).get("redis_url"))
+        restored, problems = unredact(raw, self._secrets, (self._running_raw.get("state") or {}).get("redis_url"))
         if problems:
             raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
         return restored
@@ -230,9 +240,12 @@ class LiveConfig:
                 log.error("%s changed but Redis is unreachable, so it was not applied: %s", self._path, exc)
 
     async def _next_number(self) -> int:
+        """The next version number, fleet-wide with Redis; never at or below one this process has seen, even
+        when Redis came back empty (its counter restarting at 1 would make every other process ignore it)."""
+        floor = max(self.current.version, self._history.latest.version if self._history.latest else 0)
         if self._redis is None:
-            return self.current.version + 1
-        return int(await self._redis.incr(f"{self._keys}:seq"))
+            return floor + 1
+        return int(await self._redis.eval(_NEXT_VERSION, 1, f"{self._keys}:seq", floor))
 
     async def _publish(self, version: ConfigVersion) -> None:
         if self._redis is None:
