@@ -113,6 +113,9 @@ class GatewayState:
                     interval_s=settings.share_load_interval_s,
                 )
                 await self.peer_load.start()
+                if self.accountant.shared is not None:
+                    peers = self.peer_load
+                    self.accountant.shared.processes = lambda: 1 + peers.peers
         if self.live is not None:
             await self.live.start(client)
         await self.registry.start()

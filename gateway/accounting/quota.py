@@ -59,6 +59,9 @@ class Window:
     hosted_spent: int = 0
     held: int = 0
     hosted_held: int = 0
+    baseline: int | None = None
+    """The shared store's committed total (spent plus held) when this process last saw it; None: never."""
+    hosted_baseline: int | None = None
 
 
 @dataclass
@@ -77,6 +80,11 @@ class _TenantState:
         return found
 
 
+_RETRY_S = 1.0
+_UNSEEN_BUDGET = (
+    "Spend accounting is unavailable, and this gateway process has not seen this tenant's shared spend yet, "
+    "so requests under a budget are refused until it returns."
+)
 _BUDGETS = (
     ("usd_per_day", "d", False),
     ("usd_per_month", "m", False),
@@ -148,9 +156,21 @@ class LocalQuota:
     # Synchronous core ------------------------------------------------------------------------------
 
     def reserve_now(
-        self, tenant: str, limits: TenantLimits, *, tokens: int, worst_case_usd: float, hosted: bool, now: float
+        self,
+        tenant: str,
+        limits: TenantLimits,
+        *,
+        tokens: int,
+        worst_case_usd: float,
+        hosted: bool,
+        now: float,
+        share: float = 1.0,
     ) -> Reservation:
-        """Check every limit, then charge them all; refuse with the limit that holds longest."""
+        """Check every limit, then charge them all; refuse with the limit that holds longest.
+
+        ``share`` below 1 (the shared store is away and other processes spend the same budgets): this process
+        may spend only that share of what was left of each budget when it last saw the shared totals, so the
+        processes together stay within it; a budget whose shared total it never saw is refused."""
         state = self._state(tenant)
         day, month = day_tag(now), month_tag(now)
         windows = {"d": state.window("d" + day), "m": state.window("m" + month)}
@@ -171,7 +191,13 @@ class LocalQuota:
                 continue
             window = windows[period]
             committed = window.hosted_spent + window.hosted_held if hosted_only else window.spent + window.held
-            if committed + usd > to_nano(budget):
+            allowed = to_nano(budget)
+            if share < 1.0:
+                baseline = window.hosted_baseline if hosted_only else window.baseline
+                if baseline is None:
+                    raise QuotaExceeded("accounting_unavailable", _UNSEEN_BUDGET, _RETRY_S)
+                allowed = baseline + int(max(0, allowed - baseline) * share)
+            if committed + usd > allowed:
                 refusals.append(budget_refusal(name, limits, worst_case_usd, now))
         if refusals:
             raise worst_refusal(refusals)
@@ -221,6 +247,8 @@ class LocalQuota:
     def adopt(self, tenant: str, tag: str, committed: int, hosted_committed: int) -> None:
         """Take the shared store's view of a window (spent plus held) as this process's baseline."""
         self.load(tenant, tag, committed, hosted_committed)
+        window = self._state(tenant).window(tag)
+        window.baseline, window.hosted_baseline = committed, hosted_committed
 
     def adopt_rates(self, tenant: str, rpm_tat: float, tpm_tat: float) -> None:
         state = self._state(tenant)

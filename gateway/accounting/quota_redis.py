@@ -19,12 +19,13 @@ outbox, and only then clears :attr:`down`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from . import scripts
@@ -69,7 +70,9 @@ def make_client(url: str, *, timeout_s: float = 0.5, max_connections: int = 64) 
         timeout=4 * timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),
+        # One retry on a broken connection: after Redis restarts every pooled connection is dead, and each
+        # must not count as an outage (the next attempt reconnects). Timeouts are not retried.
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -107,6 +110,9 @@ class RedisQuota:
         self._record = client.register_script(scripts.RECORD)
         self._known_tenants: set[str] = set()
         self.down = False
+        self.processes: Callable[[], int] = lambda: 1
+        """How many gateway processes spend these budgets (this one and its peers, as last seen): while Redis
+        is away each may spend only its share of what was left."""
         self.pending_releases: list[Reservation] = []
         """Redis-held reservations released during an outage, without an entry to carry them."""
 
@@ -193,8 +199,9 @@ class RedisQuota:
                 "Spend accounting is unavailable, so requests under a budget are refused until it returns.",
                 _RETRY_S,
             )
+        share = 1.0 / max(1, self.processes()) if self.down else 1.0
         return self.local.reserve_now(
-            tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now
+            tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now, share=share
         )
 
     @staticmethod

@@ -283,6 +283,69 @@ async def test_an_outage_books_locally_and_replays_each_entry_exactly_once(tmp_p
         await client.aclose()
 
 
+async def test_a_redis_restart_with_its_data_is_not_an_outage(tmp_path: Path) -> None:
+    """Every pooled connection is dead after the restart; the first call on each reconnects instead of
+    switching budgets to this process's counters."""
+    port = free_port()
+    client = make_client(f"redis://127.0.0.1:{port}/0")
+    accountant = Accountant(tmp_path / "ledger.sqlite3", redis=client, key_prefix="restart")
+    limits = TenantLimits(usd_per_day=1.0)
+    try:
+        with private_redis(tmp_path, port=port):
+            await accountant.start(now=NOON)
+            await asyncio.gather(*(client.ping() for _ in range(8)))  # several pooled connections
+            held = await accountant.reserve("acme", limits, tokens=1, worst_case_usd=0.25, hosted=False, now=NOON)
+            await accountant.settle(held, entry(cost=0.25))
+            await client.save()
+        with private_redis(tmp_path, port=port):
+            reservations = await asyncio.gather(
+                *(
+                    accountant.reserve("acme", limits, tokens=1, worst_case_usd=0.1, hosted=False, now=NOON)
+                    for _ in range(8)
+                ),
+                return_exceptions=True,
+            )
+            assert not accountant.degraded
+            granted = [r for r in reservations if not isinstance(r, BaseException)]
+            assert len(granted) == 7 and all(r.shared for r in granted)  # 0.25 + 7 x 0.1 <= 1.0 < 0.25 + 0.8
+    finally:
+        await accountant.stop()
+        await client.aclose()
+
+
+async def test_while_redis_is_away_each_process_spends_only_its_share(tmp_path: Path) -> None:
+    port = free_port()
+    client = make_client(f"redis://127.0.0.1:{port}/0")
+    accountant = Accountant(tmp_path / "ledger.sqlite3", redis=client, key_prefix="share")
+    assert accountant.shared is not None
+    accountant.shared.processes = lambda: 2  # this process and one peer
+    limits = TenantLimits(usd_per_day=1.0)
+    try:
+        with private_redis(tmp_path, port=port):
+            await accountant.start(now=NOON)
+            held = await accountant.reserve("acme", limits, tokens=1, worst_case_usd=0.4, hosted=False, now=NOON)
+            await accountant.settle(held, entry(cost=0.4))
+            await accountant.reserve("acme", limits, tokens=1, worst_case_usd=0.0, hosted=False, now=NOON)
+        # Redis is gone. 0.6 was left: this process may spend half of it, the peer the other half.
+        granted = 0
+        for _ in range(10):
+            try:
+                await accountant.reserve("acme", limits, tokens=1, worst_case_usd=0.05, hosted=False, now=NOON)
+            except QuotaExceeded:
+                continue
+            granted += 1
+        assert accountant.degraded
+        assert granted == 6  # 6 x 0.05 = 0.3
+        # A budgeted tenant whose shared spend this process never saw is refused, not given a fresh counter.
+        with pytest.raises(QuotaExceeded) as refused:
+            await accountant.reserve("newcomer", limits, tokens=1, worst_case_usd=0.01, hosted=False, now=NOON)
+        assert refused.value.limit == "accounting_unavailable"
+        await accountant.reserve("newcomer", TenantLimits(), tokens=1, worst_case_usd=0.01, hosted=False, now=NOON)
+    finally:
+        await accountant.stop()
+        await client.aclose()
+
+
 async def test_fail_closed_refuses_budgeted_tenants_while_redis_is_away(tmp_path: Path) -> None:
     client = make_client(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     accountant = Accountant(tmp_path / "ledger.sqlite3", redis=client, fail_open=False)
