@@ -14,6 +14,7 @@ from .ledger import Ledger
 from .limits import UNLIMITED, TenantLimits, day_start, day_tag, month_start, month_tag, to_nano
 from .quota import LocalQuota, Quota
 from .quota_redis import OUTAGE_ERRORS, RedisQuota
+from .rebuild import Epochs
 from .records import LedgerEntry, Reservation, new_id
 from .report import RateUsage, SeriesPoint, Sums, TenantSpend, window_spend
 from .rollup import Rollup
@@ -46,6 +47,7 @@ class Accountant:
         series_hours: float = 24.0,
         retain_days: float = 62.0,
         replay_interval_s: float = 0.5,
+        epoch_check_s: float = 2.0,
     ) -> None:
         self.ledger = Ledger(ledger_path, retain_days=retain_days)
         self.rollup = Rollup(series_hours=series_hours)
@@ -64,7 +66,11 @@ class Accountant:
                 series_ttl_s=series_ttl_s,
             )
             self.quota = self.shared
-            self._shipper = Shipper(self.shared, self.ledger, interval_s=replay_interval_s)
+            path = Path(ledger_path)
+            epochs = Epochs(self.shared, self.ledger, path.with_name(path.stem + "-epoch.json"))
+            self._shipper = Shipper(
+                self.shared, self.ledger, interval_s=replay_interval_s, epochs=epochs, epoch_interval_s=epoch_check_s
+            )
         self._settling: set[asyncio.Task[None]] = set()
 
     @property

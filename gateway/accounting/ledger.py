@@ -239,13 +239,15 @@ class Ledger:
 
     # Totals for a restart -----------------------------------------------------------------------------
 
-    async def groups(self, since: float) -> list[GroupRow]:
-        """Sums per tenant, UTC day, kind and backend of the entries since ``since``."""
-        query = """
+    async def groups(self, since: float, *, shipped_only: bool = False) -> list[GroupRow]:
+        """Sums per tenant, UTC day, kind and backend of the entries since ``since`` (``shipped_only``: of
+        those Redis had counted)."""
+        query = f"""
             SELECT tenant, strftime('%Y%m%d', time, 'unixepoch') AS day, kind, backend, COUNT(*),
                    SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens),
                    SUM(cost_usd), SUM(hosted_equivalent_usd)
-            FROM entries WHERE time >= ? GROUP BY tenant, day, kind, backend"""
+            FROM entries WHERE time >= ?{" AND shipped = 1" if shipped_only else ""}
+            GROUP BY tenant, day, kind, backend"""
         return await asyncio.to_thread(self._query, query, (since,))
 
     async def minutes(self, since: float) -> list[MinuteRow]:

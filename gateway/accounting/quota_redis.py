@@ -120,6 +120,11 @@ class RedisQuota:
     def degraded(self) -> bool:
         return self.down
 
+    @property
+    def ttls(self) -> tuple[int, int, int, int, int]:
+        """Seconds the day and month rollups, series and ids are kept; the stream's length."""
+        return self._ttls
+
     def lost(self, exc: BaseException) -> None:
         if not self.down:
             log.warning("Redis unreachable (%s): quotas fall back to this process's counters", exc)

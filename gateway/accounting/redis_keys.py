@@ -10,6 +10,8 @@ Lua script touches a single cluster slot, and ``SCAN <prefix>:acct:*`` finds the
 ``<prefix>:acct:{t}:rate``                            GCRA state: ``rpm`` / ``tpm`` (microseconds)
 ``<prefix>:acct:{t}:holds`` / ``:hold-expiry``        open reservations and when they lapse
 ``<prefix>:acct:tenants``                             tenants with ledger entries (for ``/admin/spend``)
+``<prefix>:acct:epoch``                               set when the rollups were started: gone means Redis lost them
+``<prefix>:acct:{t}:rebuilt:<epoch>:<ledger>``        a ledger's totals were added back in that epoch
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class RedisKeys:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.tenants = f"{prefix}:acct:tenants"
+        self.epoch = f"{prefix}:acct:epoch"
 
     def base(self, tenant: str) -> str:
         return f"{self.prefix}:acct:{{{_escape(tenant)}}}"
@@ -51,3 +54,6 @@ class RedisKeys:
 
     def hold_expiry(self, tenant: str) -> str:
         return f"{self.base(tenant)}:hold-expiry"
+
+    def rebuilt(self, tenant: str, epoch: str, ledger: str) -> str:
+        return f"{self.base(tenant)}:rebuilt:{epoch}:{ledger}"

@@ -159,3 +159,29 @@ redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[20], '*', 'id', id, 'entry', ARG
 return 1
 """
 )
+
+
+REBUILD = """
+-- One tenant's rollups, rebuilt from one process's ledger after Redis came back empty.
+-- KEYS: 1 marker (this ledger, this epoch), 2 month rollup, 3.. day rollups
+-- ARGV: 1 marker ttl, 2 month ttl, 3 day ttl, then nine per group: day key index, kind, backend,
+--       n, prompt, cached, completion, usd_nano, equiv_nano
+-- Returns 0 when this ledger already rebuilt this epoch (nothing done), else 1.
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local i = 4
+while i <= #ARGV do
+  local sums = {{'n', ARGV[i + 3]}, {'prompt', ARGV[i + 4]}, {'cached', ARGV[i + 5]},
+                {'completion', ARGV[i + 6]}, {'usd', ARGV[i + 7]}, {'equiv', ARGV[i + 8]}}
+  for _, key in ipairs({KEYS[tonumber(ARGV[i])], KEYS[2]}) do
+    for _, scope in ipairs({'t', 'k:' .. ARGV[i + 1], 'b:' .. ARGV[i + 2]}) do
+      for _, sum in ipairs(sums) do
+        if sum[2] ~= '0' then redis.call('HINCRBY', key, scope .. '.' .. sum[1], sum[2]) end
+      end
+    end
+  end
+  i = i + 9
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+for k = 3, #KEYS do redis.call('EXPIRE', KEYS[k], ARGV[3]) end
+return 1
+"""

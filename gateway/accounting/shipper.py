@@ -16,16 +16,30 @@ from gateway.tasks import stop_if_cancelled
 
 from .ledger import Ledger
 from .quota_redis import OUTAGE_ERRORS, RedisQuota
+from .rebuild import Epochs
 
 log = logging.getLogger("spillgate.accounting")
 
 
 class Shipper:
-    def __init__(self, quota: RedisQuota, ledger: Ledger, *, interval_s: float = 0.5, batch: int = 500) -> None:
+    def __init__(
+        self,
+        quota: RedisQuota,
+        ledger: Ledger,
+        *,
+        interval_s: float = 0.5,
+        batch: int = 500,
+        epochs: Epochs | None = None,
+        epoch_interval_s: float = 2.0,
+    ) -> None:
         self.quota = quota
         self.ledger = ledger
         self.interval_s = interval_s
         self.batch = batch
+        self.epochs = epochs
+        """Tells when Redis came back without its rollups, and adds this process's back (:mod:`.rebuild`)."""
+        self.epoch_interval_s = epoch_interval_s
+        self._epoch_checked = -float("inf")
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -47,10 +61,11 @@ class Shipper:
     async def run_once(self) -> bool:
         """One pass; True when Redis has every entry and the quota is shared again."""
         if self.idle:
-            return True
+            return await self._check_epoch()
         if self.quota.down and not await self.quota.probe():
             return False
         try:
+            await self._check_epoch(force=True)
             await self.ledger.flush()
             while rows := await self.ledger.unshipped(self.batch):
                 await self.quota.replay(rows, time.time())
@@ -61,6 +76,21 @@ class Shipper:
             self.quota.lost(exc)
             return False
         self.quota.restored()
+        return True
+
+    async def _check_epoch(self, *, force: bool = False) -> bool:
+        """Every ``epoch_interval_s`` (or now, coming out of an outage): did Redis lose the rollups?"""
+        now = time.monotonic()
+        if self.epochs is None or (not force and now - self._epoch_checked < self.epoch_interval_s):
+            return True
+        self._epoch_checked = now
+        try:
+            await self.epochs.check(time.time())
+        except OUTAGE_ERRORS as exc:
+            if force:
+                raise
+            self.quota.lost(exc)
+            return False
         return True
 
     async def _run_forever(self) -> None:

@@ -346,6 +346,52 @@ async def test_while_redis_is_away_each_process_spends_only_its_share(tmp_path: 
         await client.aclose()
 
 
+async def test_redis_back_empty_gets_every_process_totals_back(tmp_path: Path) -> None:
+    """A restart without its data: each process adds the entries Redis had counted from its own ledger
+    back (once), so budgets and spend are as before, and the next edit of either is enforced."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    clients = [make_client(url), make_client(url)]
+    accountants = [
+        Accountant(
+            tmp_path / f"ledger{i}.sqlite3", redis=c, key_prefix="empty", replay_interval_s=0.05, epoch_check_s=0.1
+        )
+        for i, c in enumerate(clients)
+    ]
+    limits = TenantLimits(usd_per_day=1.0)
+    now = time.time()
+    try:
+        with private_redis(tmp_path, port=port):
+            for accountant, cost in zip(accountants, (0.3, 0.4), strict=True):
+                await accountant.start(now=now)
+                for _ in range(2):
+                    held = await accountant.reserve(
+                        "acme", limits, tokens=1, worst_case_usd=cost, hosted=False, now=now
+                    )
+                    await accountant.settle(held, entry(cost=cost / 2, at=now))
+                await accountant.flush()
+            await wait_for(lambda: all(a.ledger.backlog == 0 for a in accountants))
+        with private_redis(tmp_path, port=port):  # back, empty
+
+            async def spent() -> float:
+                return (await accountants[0].spend("acme", limits, now=now)).today.total.usd
+
+            deadline = time.monotonic() + 10
+            while round(await spent(), 6) != 0.7:
+                assert time.monotonic() < deadline, await spent()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # several more checks by both: nothing is added twice
+            assert round(await spent(), 6) == 0.7
+            with pytest.raises(QuotaExceeded):
+                await accountants[1].reserve("acme", limits, tokens=1, worst_case_usd=0.35, hosted=False, now=now)
+            granted = await accountants[1].reserve("acme", limits, tokens=1, worst_case_usd=0.25, hosted=False, now=now)
+            assert granted.shared
+    finally:
+        for accountant, client in zip(accountants, clients, strict=True):
+            await accountant.stop()
+            await client.aclose()
+
+
 async def test_fail_closed_refuses_budgeted_tenants_while_redis_is_away(tmp_path: Path) -> None:
     client = make_client(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     accountant = Accountant(tmp_path / "ledger.sqlite3", redis=client, fail_open=False)
