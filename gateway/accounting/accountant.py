@@ -43,7 +43,7 @@ class Accountant:
         redis: aioredis.Redis | None = None,
         key_prefix: str = "spillgate",
         fail_open: bool = True,
-        hold_ttl_s: float = 3600.0,
+        hold_ttl_s: float = 60.0,
         series_hours: float = 24.0,
         retain_days: float = 62.0,
         replay_interval_s: float = 0.5,
@@ -150,22 +150,27 @@ class Accountant:
 
     def settle_soon(self, reservation: Reservation, entry: LedgerEntry) -> None:
         """:meth:`settle` from synchronous code (a ``finally`` on the hot path): runs as a task that
-        :meth:`stop` waits for, and that a cancelled request cannot interrupt."""
+        :meth:`stop` waits for, and that a cancelled request cannot interrupt. The entry is journaled first,
+        so a process killed before the task ends loses nothing."""
+        self.ledger.journal(self._own(reservation, entry), reservation.id if reservation.shared else "")
         self._in_background(self.settle(reservation, entry))
 
     def release_soon(self, reservation: Reservation, entry: LedgerEntry | None = None) -> None:
         """:meth:`release` from synchronous code, like :meth:`settle_soon`."""
+        if entry is not None:
+            self.ledger.journal(self._own(reservation, entry), reservation.id if reservation.shared else "")
         self._in_background(self.release(reservation, entry))
 
     def record_soon(self, entry: LedgerEntry) -> None:
         """:meth:`record` from synchronous code, like :meth:`settle_soon`. Embedded, nothing awaits, so it is
         done at once: no task per request on the hot path."""
+        entry = entry.with_id(new_id())
+        self.ledger.journal(entry)
         if self.shared is None:
-            entry = entry.with_id(new_id())
             self.local.add_spend(entry)
             self._book(entry, False, None)
             return
-        self._in_background(self.record(entry))
+        self._in_background(self._count(entry))
 
     def _in_background(self, work: Coroutine[None, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -179,7 +184,9 @@ class Accountant:
 
     async def record(self, entry: LedgerEntry) -> None:
         """Book an entry that had no reservation (its cost still counts against the budgets)."""
-        entry = entry.with_id(new_id())
+        await self._count(entry.with_id(new_id()))
+
+    async def _count(self, entry: LedgerEntry) -> None:
         shipped = await self.quota.count(entry)
         self._book(entry, shipped, None)
 

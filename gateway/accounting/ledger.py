@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .idle_worker import IdleWorker
+from .journal import Journal
 from .records import ENTRY_FIELDS, LedgerEntry
 
 log = logging.getLogger("spillgate.accounting")
@@ -53,6 +54,7 @@ CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
 """
 _COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
 _ROW_FIELDS = attrgetter(*_COLUMNS)
+_ENTRY_ID = len(_COLUMNS) - 1
 """An entry's values in ``_COLUMNS`` order, read in C: cheap enough to run per request at append time."""
 _INSERT = (
     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}, hold_id, shipped) "
@@ -87,6 +89,7 @@ class Ledger:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._writer = IdleWorker("spillgate-ledger")
+        self._journal = Journal(self.path.parent, self.path.stem)
         self.failing = False
         """The last commit failed (disk full, the file locked or read-only): entries wait in memory, nothing
         is dropped, and the gateway reports itself degraded until a commit succeeds."""
@@ -108,6 +111,7 @@ class Ledger:
             self._task = None
         try:
             await self.flush()
+            self._journal.close()
         finally:
             await asyncio.to_thread(self._writer.shutdown)
         with self._db_lock:
@@ -122,6 +126,14 @@ class Ledger:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
+        journaled = [tuple(row) for row in self._journal.recover() if len(row) == len(_COLUMNS) + 2]
+        if journaled:  # a killed process's last entries: those already committed are ignored
+            with _transaction(db):
+                db.executemany(_INSERT, journaled)
+            log.warning(
+                "ledger %s: recovered %d journaled entries of a process that did not stop", self.path, len(journaled)
+            )
+        self._journal.recovered()
         db.execute("DELETE FROM entries WHERE time < ?", (now - self.retain_s,))
         (stored,) = db.execute("SELECT COUNT(*) FROM entries WHERE shipped = 0").fetchone()
         with self._db_lock:
@@ -134,6 +146,11 @@ class Ledger:
         return len(self._queue)
 
     # Writing -----------------------------------------------------------------------------------------
+
+    def journal(self, entry: LedgerEntry, hold_id: str = "") -> None:
+        """Hand ``entry`` to the kernel at once (:mod:`.journal`), before it is settled and appended: a killed
+        process's entries are recovered at the next start. A few microseconds, and never waits."""
+        self._journal.write((*_ROW_FIELDS(entry), hold_id, 0), entry.entry_id)
 
     def append(self, entry: LedgerEntry, *, shipped: bool, hold_id: str = "") -> None:
         """Queue ``entry``; ``shipped`` when Redis already counted it, else ``hold_id`` is the Redis hold
@@ -152,6 +169,7 @@ class Ledger:
         """Commit everything queued so far (fsync'd) before returning."""
         async with self._flushing:
             batch, self._queue = self._queue, []
+            self._journal.rotate()
             if not batch:
                 return
             try:
@@ -159,6 +177,7 @@ class Ledger:
             except BaseException:
                 self._queue = batch + self._queue  # INSERT OR IGNORE makes a second try harmless
                 raise
+            self._journal.committed(str(row[_ENTRY_ID]) for row in batch)
 
     async def _write_forever(self) -> None:
         while True:

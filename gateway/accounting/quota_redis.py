@@ -95,7 +95,7 @@ class RedisQuota:
         *,
         key_prefix: str = "spillgate",
         fail_open: bool = True,
-        hold_ttl_s: float = 3600.0,
+        hold_ttl_s: float = 60.0,
         series_ttl_s: int = 2 * 86_400,
         ids_ttl_s: int = 2 * 3600,
         stream_maxlen: int = 100_000,
@@ -115,6 +115,9 @@ class RedisQuota:
         is away each may spend only its share of what was left."""
         self.pending_releases: list[Reservation] = []
         """Redis-held reservations released during an outage, without an entry to carry them."""
+        self._open: dict[str, Reservation] = {}
+        """Holds of requests in progress here, renewed by :meth:`renew_holds` so they lapse soon after this
+        process stops renewing them (killed, or cut off from Redis), not an hour later."""
 
     @property
     def degraded(self) -> bool:
@@ -182,7 +185,7 @@ class RedisQuota:
         self.local.adopt(tenant, "d" + day, int(reply[1]), int(reply[3]))
         self.local.adopt(tenant, "m" + month, int(reply[2]), int(reply[4]))
         self.local.adopt_rates(tenant, float(reply[5] or 0) / 1e6, float(reply[6] or 0) / 1e6)
-        return Reservation.made(
+        reservation = Reservation.made(
             hold_id,
             tenant,
             limits,
@@ -194,6 +197,18 @@ class RedisQuota:
             month=month,
             shared=True,
         )
+        self._open[hold_id] = reservation
+        return reservation
+
+    async def renew_holds(self, now: float) -> None:
+        """Push back the lapse of every hold still open here by ``hold_ttl_s`` (one pipeline)."""
+        if not self._open or self.down:
+            return
+        lapse = _micros(now + self.hold_ttl_s)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for reservation in self._open.values():
+                pipe.zadd(self.keys.hold_expiry(reservation.tenant), {reservation.id: lapse}, xx=True)
+            await pipe.execute()
 
     def _reserve_locally(
         self, tenant: str, limits: TenantLimits, tokens: int, worst_case_usd: float, hosted: bool, now: float
@@ -227,6 +242,7 @@ class RedisQuota:
     # Settle and release --------------------------------------------------------------------------------
 
     async def settle(self, reservation: Reservation, entry: LedgerEntry) -> bool:
+        self._open.pop(reservation.id, None)
         if not reservation.shared:
             await self.local.settle(reservation, entry)
             return await self._try_record(reservation.tenant, entry)
@@ -241,6 +257,7 @@ class RedisQuota:
         return False
 
     async def release(self, reservation: Reservation, entry: LedgerEntry | None, now: float) -> bool:
+        self._open.pop(reservation.id, None)
         if not reservation.shared:
             await self.local.release(reservation, entry, now)
             return entry is not None and await self._try_record(reservation.tenant, entry)

@@ -40,6 +40,7 @@ class Shipper:
         """Tells when Redis came back without its rollups, and adds this process's back (:mod:`.rebuild`)."""
         self.epoch_interval_s = epoch_interval_s
         self._epoch_checked = -float("inf")
+        self._holds_renewed = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -78,6 +79,17 @@ class Shipper:
         self.quota.restored()
         return True
 
+    async def _renew_holds(self) -> None:
+        """A third of the way to their lapse, renew the holds of the requests still in progress."""
+        now = time.monotonic()
+        if now - self._holds_renewed < self.quota.hold_ttl_s / 3:
+            return
+        self._holds_renewed = now
+        try:
+            await self.quota.renew_holds(time.time())
+        except OUTAGE_ERRORS as exc:
+            self.quota.lost(exc)
+
     async def _check_epoch(self, *, force: bool = False) -> bool:
         """Every ``epoch_interval_s`` (or now, coming out of an outage): did Redis lose the rollups?"""
         now = time.monotonic()
@@ -98,6 +110,7 @@ class Shipper:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.run_once()
+                await self._renew_holds()
             except Exception:  # the file may be failing; never let the shipper die
                 log.exception("ledger shipper pass failed")
             stop_if_cancelled()  # run_once may have caught a cancel that redis-py turned into an outage error

@@ -142,6 +142,24 @@ async def test_a_hold_whose_process_died_lapses(redis_url: str, tmp_path: Path) 
         drop_keys(redis_url, prefix)
 
 
+async def test_the_hold_of_a_request_in_progress_is_renewed(redis_url: str, tmp_path: Path) -> None:
+    """Holds lapse soon after their process stops renewing them, never while their request still runs."""
+    client, prefix = make_client(redis_url), unique_prefix()
+    accountant = Accountant(
+        tmp_path / "l.sqlite3", redis=client, key_prefix=prefix, hold_ttl_s=0.6, replay_interval_s=0.05
+    )
+    await accountant.start()
+    try:
+        await accountant.reserve("acme", BUDGET, tokens=1, worst_case_usd=1.0, hosted=False, now=time.time())
+        await asyncio.sleep(1.5)  # more than twice the hold's lapse: renewed meanwhile
+        with pytest.raises(QuotaExceeded):
+            await accountant.reserve("acme", BUDGET, tokens=1, worst_case_usd=0.5, hosted=False, now=time.time())
+    finally:
+        await accountant.stop()
+        await client.aclose()
+        drop_keys(redis_url, prefix)
+
+
 def start_worker(redis_url: str, prefix: str, ledger: Path) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tests.gateway.test_accounting_redis", redis_url, prefix, str(ledger)]
     worker = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
