@@ -65,10 +65,11 @@ class LimitsConfig(Strict):
         "is valid and its whole body has arrived",
     )
     max_connections_per_client: int = Field(
-        default=256,
+        default=2048,
         ge=0,
-        description="open connections one client address may hold (0: no cap); more are refused with 429. Behind "
-        "a load balancer every client shares its address: raise it or set 0 there. Read at start",
+        description="open connections one client address may hold (0: no cap); more are refused with 429. Above "
+        "the pools of client SDKs (the OpenAI SDK's: 1,000); behind a load balancer every client shares its "
+        "address: raise it or set 0 there. Read at start",
     )
 
 

@@ -9,7 +9,8 @@ Redis before the loss was noticed (one check interval) are counted twice: spend 
 
 The loss is told by an epoch key that the first process sets when the rollups start. Each process keeps the
 epoch it last saw next to its ledger: a different or missing one means the rollups it added to are gone. A
-ledger that never saw an epoch (its first run) adds nothing, since Redis may already hold its entries.
+ledger that never saw an epoch (its first run, or its first with this code) adds nothing, since Redis may
+already hold its entries.
 """
 
 from __future__ import annotations
@@ -48,12 +49,8 @@ class Epochs:
         client, keys = self._quota.client, self._quota.keys
         current = await client.get(keys.epoch)
         if current is None:
-            had_rollups = bool(await client.exists(keys.tenants))
             await client.set(keys.epoch, new_id(), nx=True)
             current = await client.get(keys.epoch)
-            if had_rollups:  # rollups from before epochs were kept: they are intact
-                self._remember(_text(current))
-                return False
         epoch = _text(current)
         if epoch == self._last:
             return False

@@ -280,6 +280,7 @@ def gateway_config(
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 0.5},
+        "limits": {"max_connections_per_client": 0},  # the load generator is one address with many connections
         "pools": [
             {
                 "name": "sims",

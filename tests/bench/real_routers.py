@@ -77,6 +77,7 @@ def start_spillgate(replicas: list[RunningProcess], log_dir: Path, pool: dict[st
         "routes": [{"name": ROUTE, "targets": ["sglang"], "policy": "cache_aware"}],
         "tenants": [{"name": "bench", "keys": [API_KEY]}],
         "health": {"interval_s": 0.5},
+        "limits": {"max_connections_per_client": 0},  # the load generator is one address with many connections
         "state": {"data_dir": str(log_dir / f"spillgate-{port}")},
     }
     path = log_dir / f"spillgate-{port}.yaml"

@@ -36,6 +36,7 @@ def gateway_config(stub_port: int, port: int) -> dict[str, object]:
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 5},
+        "limits": {"max_connections_per_client": 0},  # wrk and the load generator are one address
         "pools": [{"name": "stub", "served_model": STUB_MODEL, "replicas": [f"http://127.0.0.1:{stub_port}"]}],
         "routes": [{"name": ROUTE, "targets": ["stub"], "policy": "least_load"}],
         "tenants": [{"name": "bench", "keys": ["sha256:" + hashlib.sha256(API_KEY.encode()).hexdigest()]}],
