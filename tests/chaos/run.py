@@ -375,14 +375,15 @@ def report(run: Run) -> dict[str, Any]:
     refused = [o for o in run.outcomes if o.refused_connection]
     served = [o for o in answered if o.status == 200 and o.request_id]
     missing = [o.request_id for o in served if o.request_id not in ledger]
-    worst_case = MAX_TOKENS * PRICES["output_per_mtok"] / 1e6 + 400 * PRICES["input_per_mtok"] / 1e6
     budgets = {}
     for tenant in ("restart", "empty"):
-        spent = sum(cost for who, cost in ledger.values() if who == tenant)
+        costs = [cost for who, cost in ledger.values() if who == tenant]
+        spent = sum(costs)
         budgets[tenant] = {
             "spent_usd": round(spent, 6),
             "budget_usd": BUDGET_USD,
-            "overshoot_requests": round(max(0.0, spent - BUDGET_USD) / worst_case, 2),
+            # In requests of the dearest one booked: "at most one request per process" is at most 2 here.
+            "overshoot_requests": round(max(0.0, spent - BUDGET_USD) / max(costs, default=1.0), 2),
             "admitted": sum(1 for o in answered if o.tenant == tenant and o.status == 200),
             "refused_429": sum(1 for o in answered if o.tenant == tenant and o.status == 429),
         }
