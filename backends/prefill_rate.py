@@ -22,7 +22,7 @@ request alone but predicts a queue of ten prompts at half its real wait. So once
 measured directly instead: a request that was already waiting when its replica's previous first token came
 back had that replica busy for it from then until its own first token. The sum of such requests' uncached
 tokens over the sum of those intervals is how fast the replica drains a queue, decode steps and pass floors
-included, which is what a prediction from a queue needs. The overhead is then the mean of what that rate
+included, which is what a prediction from a queue needs. The overhead is then the median of what that rate
 leaves unexplained in the TTFTs of requests that found nothing ahead (whose x is exact).
 
 That overhead is measured twice, as soon as a couple of such requests exist (in either regime): for a replica
@@ -38,6 +38,7 @@ burst while it lasts.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 
 _WINDOW = 64
@@ -126,5 +127,6 @@ class PrefillRateEstimator:
             self.busy_overhead_s = max(0.0, busy)
 
     def _unexplained(self, samples: deque[tuple[float, float]]) -> float:
-        """The mean TTFT that the rate leaves unexplained."""
-        return sum(y - x / self.rate for x, y in samples) / len(samples)
+        """The median TTFT that the rate leaves unexplained: the median, as a request that waited on other
+        clients' work there (which the gateway cannot count ahead of it) must not set the overhead of all."""
+        return statistics.median(y - x / self.rate for x, y in samples)

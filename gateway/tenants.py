@@ -38,13 +38,11 @@ class Tenant:
         return "*" in self.routes or route in self.routes
 
     def cache_salt(self, requested: object) -> str | None:
-        """The ``cache_salt`` the replica gets. ``salted``/``dedicated`` tenants always get their own,
-        whatever the client sent; others keep the client's salt, confined to their own namespace."""
-        if self.isolation != "shared":
-            return self.name + _SALT_SEPARATOR
+        """The ``cache_salt`` the replica gets: a client's own salt, confined to its tenant's namespace; without
+        one, ``salted``/``dedicated`` tenants get their tenant's, ``shared`` ones none."""
         if isinstance(requested, str) and requested:
             return self.name + _SALT_SEPARATOR + requested
-        return None
+        return None if self.isolation == "shared" else self.name + _SALT_SEPARATOR
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,7 +100,10 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 def _check_headers(request: Request, model: SimHostedModel) -> OrjsonResponse | None:
-    if not key_accepted(request.headers.get("x-api-key", ""), model.config):
+    key = request.headers.get("x-api-key", "")
+    if not key.strip():
+        return _error(401, "authentication_error", "x-api-key header is required")
+    if not key_accepted(key, model.config):
         return _error(401, "authentication_error", "invalid x-api-key")
     if not request.headers.get("anthropic-version"):
         return _error(400, "invalid_request_error", "anthropic-version: header is required")

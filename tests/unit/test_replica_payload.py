@@ -42,10 +42,13 @@ def test_cache_salt_is_confined_to_the_tenant() -> None:
     prepare_replica_payload(shared, "m", tenant("shared"), SGLANG_OWNED)
     assert shared["cache_salt"] == "acme|victim|"
     for isolation in ("salted", "dedicated"):
-        for sent in ({}, {"cache_salt": ""}, {"cache_salt": "mine"}):
+        for sent in ({}, {"cache_salt": ""}):
             payload = dict(sent)
             prepare_replica_payload(payload, "m", tenant(isolation), SGLANG_OWNED)
             assert payload["cache_salt"] == "acme|"
+        split = {"cache_salt": "mine"}  # a client may split its tenant's cache further, never leave it
+        prepare_replica_payload(split, "m", tenant(isolation), SGLANG_OWNED)
+        assert split["cache_salt"] == "acme|mine"
     unsalted: dict[str, object] = {"cache_salt": ""}
     prepare_replica_payload(unsalted, "m", tenant("shared"), SGLANG_OWNED)
     assert "cache_salt" not in unsalted
