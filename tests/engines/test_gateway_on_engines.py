@@ -196,12 +196,15 @@ def test_replica_load_is_scraped_and_steers_new_requests(gateway: RunningProcess
     stop = threading.Event()
 
     def other_client() -> None:
-        """A long stream, abandoned (which aborts it on the replica) once the test is done."""
+        """Long streams, one after another (a slow machine may reach the replica's context length before the
+        test is done), the last abandoned (which aborts it on the replica) once the test is done."""
         body = {"model": "tiny", "messages": [{"role": "user", "content": "busy"}], "max_tokens": 8000, "stream": True}
-        with httpx.stream("POST", pair[0].url + "/v1/chat/completions", json={**body, **EXACT}, timeout=300) as reply:
-            for _ in reply.iter_lines():
-                if stop.is_set():
-                    return
+        while not stop.is_set():
+            url = pair[0].url + "/v1/chat/completions"
+            with httpx.stream("POST", url, json={**body, **EXACT}, timeout=300) as reply:
+                for _ in reply.iter_lines():
+                    if stop.is_set():
+                        return
 
     threads = [threading.Thread(target=other_client) for _ in range(3)]
     for thread in threads:
