@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backends.registry import Backend
 from gateway.admin import admin_router
-from gateway.admission import InFlightLimit
+from gateway.admission import InFlightLimit, ReadingBudget
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
 from gateway.exchange import Receive, Scope, Send
@@ -35,8 +35,9 @@ class GatewayApp:
     def __init__(self, state: GatewayState) -> None:
         self.state = state
         slots = InFlightLimit(lambda: state.config.limits.max_in_flight)
-        chat = CompletionsHandler(state, "/v1/chat/completions", slots)
-        completions = CompletionsHandler(state, "/v1/completions", slots)
+        reading = ReadingBudget(lambda: state.config.limits.max_reading_body_bytes)
+        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading)
+        completions = CompletionsHandler(state, "/v1/completions", slots, reading)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
             "/v1/chat/completions": chat,

@@ -64,6 +64,12 @@ class LimitsConfig(Strict):
         "hung backends or a flood cannot grow its memory without bound. A request takes a slot only once its key "
         "is valid and its whole body has arrived",
     )
+    max_reading_body_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        description="bytes of request bodies still arriving, over all connections (a body is read before its "
+        "request takes a slot); past it, 503 overloaded",
+    )
     max_connections_per_client: int = Field(
         default=2048,
         ge=0,

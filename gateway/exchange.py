@@ -10,6 +10,7 @@ from typing import Any
 
 from backends.hosted import Price
 from backends.registry import Backend
+from gateway.admission import READING_FULL_MESSAGE, ReadingBudget
 from gateway.coalesce import Lead
 from gateway.errors import ApiError
 from gateway.prefix import Fingerprint
@@ -118,21 +119,28 @@ class DisconnectWatcher:
         self._task.cancel()
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
-    """The whole request body, at most ``limit`` bytes, arrived within ``timeout_s`` (else 413 or 408)."""
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, timeout_s: float, budget: ReadingBudget | None = None
+) -> bytes:
+    """The whole request body, at most ``limit`` bytes, arrived within ``timeout_s`` (else 413 or 408), its
+    bytes counted in ``budget`` while it arrives (503 when that is full)."""
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
+    taken = [0]
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read_chunks(receive, limit)
+            return await _read_chunks(receive, limit, budget, taken)
     except TimeoutError:
         raise ApiError(
             408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
         ) from None
+    finally:
+        if budget is not None:
+            budget.give_back(taken[0])
 
 
-async def _read_chunks(receive: Receive, limit: int) -> bytes:
+async def _read_chunks(receive: Receive, limit: int, budget: ReadingBudget | None, taken: list[int]) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -143,9 +151,17 @@ async def _read_chunks(receive: Receive, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise too_large(limit)
+        if budget is not None and more_to_come(message):
+            if not budget.take(len(chunk)):
+                raise ApiError(503, READING_FULL_MESSAGE, code="overloaded", headers={"retry-after": "1"})
+            taken[0] += len(chunk)
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        if not more_to_come(message):
             return b"".join(chunks)
+
+
+def more_to_come(message: dict[str, Any]) -> bool:
+    return bool(message.get("more_body", False))
 
 
 def too_large(limit: int) -> ApiError:

@@ -20,7 +20,7 @@ import orjson
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
-from gateway.admission import OVERLOADED, InFlightLimit
+from gateway.admission import OVERLOADED, InFlightLimit, ReadingBudget
 from gateway.bookkeeping import book_ledger, price_cut_off, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
@@ -70,9 +70,10 @@ _PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 class CompletionsHandler:
     """One OpenAI generation endpoint; ``upstream_path`` is where the same body goes on the backend."""
 
-    def __init__(self, state: GatewayState, upstream_path: str, slots: InFlightLimit) -> None:
+    def __init__(self, state: GatewayState, upstream_path: str, slots: InFlightLimit, reading: ReadingBudget) -> None:
         self._state = state
         self._slots = slots
+        self._reading = reading
         self._hosted = HostedRelay(state.hosted_http)
         self._upstream_path = upstream_path
         self._chat = upstream_path.endswith("chat/completions")
@@ -88,7 +89,7 @@ class CompletionsHandler:
             # The key first, then the whole body (within its deadline), and only then a slot.
             tenant = state.tenants.authenticate(header(scope, b"authorization"))
             body = await read_body(
-                scope, receive, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s
+                scope, receive, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s, self._reading
             )
         except ApiError as error:
             # The body is not read (or not all of it): the connection cannot carry another request.

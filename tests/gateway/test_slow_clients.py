@@ -25,7 +25,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
     replica = start_replica(log_dir, "--time-scale", "0.01")
     config = gateway_config(
         [replica.url],
-        limits={"max_in_flight": 4, "max_connections_per_client": 12},
+        limits={"max_in_flight": 4, "max_connections_per_client": 12, "max_reading_body_bytes": 1500},
         timeouts={"client_headers_s": 1.0, "client_body_s": 1.5},
     )
     gateway = start_gateway(config, log_dir)
@@ -49,6 +49,19 @@ def _start_slow_body(gateway: RunningProcess, key: str | None) -> socket.socket:
             f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{auth}"
             "content-length: 1000\r\n\r\n{"
         ).encode()
+    )
+    return sock
+
+
+def _start_partial_body(gateway: RunningProcess, sent: int) -> socket.socket:
+    """A POST with a key whose headers promise 1,000 bytes, of which ``sent`` arrive."""
+    sock = _connect(gateway)
+    sock.sendall(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {TENANT_KEY}\r\ncontent-length: 1000\r\n\r\n"
+        ).encode()
+        + b" " * sent
     )
     return sock
 
@@ -124,3 +137,21 @@ def test_an_address_with_too_many_connections_is_refused(guarded: RunningProcess
             break
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_bodies_still_arriving_are_bounded_in_bytes(guarded: RunningProcess) -> None:
+    first, second = _start_partial_body(guarded, 700), _start_partial_body(guarded, 700)
+    try:
+        time.sleep(0.3)
+        third = _start_partial_body(guarded, 700)  # 2,100 bytes arriving, past the 1,500 allowed
+        answer = _answer(third)
+        assert answer.startswith(b"HTTP/1.1 503") and b'"code":"overloaded"' in answer
+        third.close()
+        # A whole body arrives in one piece and is never counted: served meanwhile.
+        response = httpx.post(guarded.url + "/v1/chat/completions", json=BODY, headers=AUTH, timeout=30)
+        assert response.status_code == 200, response.text
+        for sock in (first, second):
+            assert _answer(sock).startswith(b"HTTP/1.1 408")
+    finally:
+        first.close()
+        second.close()
