@@ -127,41 +127,39 @@ async def read_body(
     declared = header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    taken = [0]
     try:
         async with asyncio.timeout(timeout_s):
-            return await _read_chunks(receive, limit, budget, taken)
+            return await _read_chunks(receive, limit, budget)
     except TimeoutError:
         raise ApiError(
             408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
         ) from None
-    finally:
-        if budget is not None:
-            budget.give_back(taken[0])
 
 
-async def _read_chunks(receive: Receive, limit: int, budget: ReadingBudget | None, taken: list[int]) -> bytes:
+async def _read_chunks(receive: Receive, limit: int, budget: ReadingBudget | None) -> bytes:
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ApiError(400, "Client disconnected before sending the whole body.")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        if budget is not None and more_to_come(message):
-            if not budget.take(len(chunk)):
-                raise ApiError(503, READING_FULL_MESSAGE, code="overloaded", headers={"retry-after": "1"})
-            taken[0] += len(chunk)
-        chunks.append(chunk)
-        if not more_to_come(message):
-            return b"".join(chunks)
-
-
-def more_to_come(message: dict[str, Any]) -> bool:
-    return bool(message.get("more_body", False))
+    counted = 0
+    """Bytes taken from ``budget``: only chunks with more to come (a body in one piece costs nothing)."""
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ApiError(400, "Client disconnected before sending the whole body.")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+            if budget is not None:
+                if not budget.take(len(chunk)):
+                    raise ApiError(503, READING_FULL_MESSAGE, code="overloaded", headers={"retry-after": "1"})
+                counted += len(chunk)
+    finally:
+        if budget is not None:
+            budget.give_back(counted)
 
 
 def too_large(limit: int) -> ApiError:

@@ -8,7 +8,7 @@ where token ids belong, deep arrays), against a running gateway: each answer is 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -84,24 +84,19 @@ def _check(response: httpx.Response) -> None:
         assert error["message"] and "Traceback" not in error["message"]
 
 
-def test_any_chat_body_gets_an_answer_or_a_4xx(gateway: RunningProcess) -> None:
+@pytest.mark.parametrize(
+    ("path", "bodies", "examples"),
+    [("/v1/chat/completions", _chat_body, 150), ("/v1/completions", _completion_body, 100)],
+)
+def test_any_body_gets_an_answer_or_a_4xx(
+    gateway: RunningProcess, path: str, bodies: Callable[[], st.SearchStrategy[dict[str, object]]], examples: int
+) -> None:
     with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {TENANT_KEY}"}, timeout=30) as client:
 
-        @given(body=_chat_body())
-        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(body=bodies())
+        @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def fuzz(body: dict[str, object]) -> None:
-            _check(client.post("/v1/chat/completions", json=body))
-
-        fuzz()
-
-
-def test_any_completion_body_gets_an_answer_or_a_4xx(gateway: RunningProcess) -> None:
-    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {TENANT_KEY}"}, timeout=30) as client:
-
-        @given(body=_completion_body())
-        @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-        def fuzz(body: dict[str, object]) -> None:
-            _check(client.post("/v1/completions", json=body))
+            _check(client.post(path, json=body))
 
         fuzz()
 
