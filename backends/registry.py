@@ -46,6 +46,9 @@ class Backend:
     """A probe since the last good one could not connect at all: the process may have been restarted."""
     unhealthy_until: float = 0.0
     in_flight: int = 0
+    sent_total: int = 0
+    """Requests this process has sent here, a running total: a scrape counts every one that may have been
+    running while the replica answered it, as ours."""
     pending_prefill_tokens: int = 0
     prefill_tokens_per_s: float = 20000.0
     """The configured prior; ``prefill.rate`` is what routing uses once measurements exist."""
@@ -188,6 +191,14 @@ _new_state = tuple.__new__
 _CACHE_REPORT = "cached-token feedback to the prefix index"
 
 
+def external_load(load: ReplicaLoad, ours: int) -> int:
+    """Other clients' requests in a scrape: what the replica counted beyond ``ours``, the most of this gateway's
+    that can have been there while it answered (in flight when the probe left, plus those sent since). One of
+    ours that finished meanwhile is no phantom load for a whole probe interval; another client's request hides
+    only for as long as ours are over-counted."""
+    return max(0, load.running + load.queued - ours)
+
+
 def _ewma(current: float, sample: float, weight: float = 0.1) -> float:
     return sample if not current else (1 - weight) * current + weight * sample
 
@@ -293,6 +304,7 @@ class BackendRegistry:
     async def _probe(self, backend: Backend) -> None:
         get = self._get(backend)
         engine = backend.engine
+        in_flight, sent = backend.in_flight, backend.sent_total  # ours when the probe left
         try:
             alive = await get(engine.liveness_path)
             if alive.status_code == 404 and engine.liveness_path != "/health":
@@ -308,8 +320,8 @@ class BackendRegistry:
                     load = engine.parse_load(metrics.text)
                     restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
                     backend.load = load
-                    ours = backend.in_flight + backend.peer_in_flight
-                    backend.external_load = max(0, load.running + load.queued - ours)
+                    ours = in_flight + backend.sent_total - sent + backend.peer_in_flight
+                    backend.external_load = external_load(load, ours)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)
                 backend.info = None  # read again: a new process may have other limits

@@ -399,6 +399,7 @@ class CompletionsHandler:
             backend.in_flight + backend.peer_in_flight,
         )
         backend.in_flight += 1
+        backend.sent_total += 1
         attempt.booked_tokens = parsed.max_tokens or _ASSUMED_OUTPUT_TOKENS
         backend.outstanding_tokens += attempt.booked_tokens
         attempt.pending_prefill = max(0, parsed.prompt_tokens - attempt.prefix_tokens.get(backend.name, 0))

@@ -49,9 +49,14 @@ class PredictedTTFTScorer:
     ``work_weight`` x the uncached prefill time as well keeps requests on warm replicas until the queue
     there really costs more. In ``cache_aware`` the :class:`PrefixAffinityScorer` decides warm against cold;
     this scorer places cold prompts and orders the fallbacks.
+
+    Costs within ``resolution_s`` of the best count as the best. Below about one forward pass a difference is
+    the noise of fitted overheads (one replica measured, its sibling not yet), not a reason to settle every new
+    prefix on one idle replica: equal choices rotate instead, as the picker intends.
     """
 
     work_weight: float = 1.0
+    resolution_s: float = 0.01
 
     def scores(self, request: RouteRequest, candidates: Candidates) -> list[float]:
         prompt = request.prompt_tokens
@@ -61,7 +66,9 @@ class PredictedTTFTScorer:
             for ttft, b in zip(candidates.predicted_ttfts(), candidates.backends, strict=True)
         ]
         best = min(costs)
-        return [best / c if c > 0 else 1.0 for c in costs]
+        # Shifted down by the resolution, never below the best: the score stays continuous past the tie band.
+        floor = best + self.resolution_s
+        return [1.0 if c <= floor else best / (c - self.resolution_s) for c in costs]
 
 
 @dataclass(frozen=True, slots=True)

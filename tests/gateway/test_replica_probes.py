@@ -3,6 +3,7 @@ restart (whether or not a probe caught the replica down)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -115,6 +116,36 @@ async def test_a_restart_between_two_probes_is_seen_in_the_counters(replica: Run
         await registry.stop()
         if restarted is not None:
             restarted.stop()
+
+
+async def test_a_request_of_ours_that_ends_during_a_scrape_is_not_other_clients_load(
+    replica: RunningProcess,
+) -> None:
+    """The replica counts our request while answering a scrape that our count drops during: the probe must not
+    take it for another client's, which would steer new prefixes away from that replica for a whole interval."""
+    backend = Backend("pool-0", "replica", replica.url, "sim-model")
+    registry = BackendRegistry([backend], interval_s=3600, timeout_s=5, unhealthy_after=1)
+    await registry.start()
+    request = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+    try:
+        async with (
+            httpx.AsyncClient() as client,
+            client.stream("POST", replica.url + "/v1/chat/completions", json={**request, "stream": True}) as stream,
+        ):
+            await anext(stream.aiter_lines())  # running there now; the gateway's books say so too
+            backend.in_flight, backend.sent_total = 1, 1
+            os.killpg(replica.pid, signal.SIGSTOP)  # the scrape below waits for the replica...
+            try:
+                scrape = asyncio.create_task(registry.poll_once())
+                await asyncio.sleep(0.2)
+                backend.in_flight = 0  # ...while our request is settled as far as the gateway can tell
+            finally:
+                os.killpg(replica.pid, signal.SIGCONT)
+            await scrape
+        assert backend.load.running == 1, "the replica still counted it"
+        assert backend.external_load == 0
+    finally:
+        await registry.stop()
 
 
 def wait_for_health(gateway: RunningProcess, *, healthy: bool) -> None:

@@ -223,3 +223,14 @@ def test_the_affinity_guard_moves_sooner_when_configured_to() -> None:
     assert patient.decide(prompt(), snap).backend == "warm"
     assert build_policy("cache_aware").decide(prompt(), snap).backend == "cold"
     assert build_policy("cache_aware", PrefixAffinityScorer(min_share=0.95)).decide(prompt(), snap).backend == "cold"
+
+
+def test_cache_aware_rotates_cold_prompts_over_idle_replicas_whose_overheads_differ_by_noise() -> None:
+    """One idle replica has a measured 3 ms overhead, its siblings none yet: new prefixes still spread."""
+    measured = BackendState("measured", "replica", prefill_tokens_per_s=1e6, prefill_overhead_s=0.003)
+    fresh = [BackendState(name, "replica", prefill_tokens_per_s=1e6) for name in ("fresh", "fresh2")]
+    snap = Snapshot((measured, *fresh))
+    policy = build_policy("cache_aware")
+    assert {policy.decide(prompt(3000, n), snap).backend for n in range(3)} == {"measured", "fresh", "fresh2"}
+    slow = measured._replace(prefill_overhead_s=0.05)  # a real difference still decides
+    assert {policy.decide(prompt(3000, n), Snapshot((slow, *fresh))).backend for n in range(3)} == {"fresh", "fresh2"}
