@@ -45,6 +45,8 @@ class Backend:
     lost_connection: bool = False
     """A probe since the last good one could not connect at all: the process may have been restarted."""
     unhealthy_until: float = 0.0
+    pool: str = ""
+    """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
     in_flight: int = 0
     sent_total: int = 0
     """Requests this process has sent here, a running total: a scrape counts every one that may have been

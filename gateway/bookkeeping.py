@@ -11,27 +11,28 @@ import time
 from typing import Any
 
 from gateway.accounting import Accountant, LedgerEntry, Reservation
+from gateway.accounting.rent import RentBook
 from gateway.exchange import Attempt
 from gateway.metrics import ALL_TENANTS, GatewayMetrics
 from gateway.validation import ParsedRequest
 from policies.prediction import predicted_ttft
 
 
-def record_outcome(metrics: GatewayMetrics, attempt: Attempt, *, tenant_labels: bool) -> None:
-    """Count the request, and for a served one its latencies, tokens, spend and SLO result.
+def record_outcome(metrics: GatewayMetrics, attempt: Attempt, rent: RentBook, *, tenant_labels: bool) -> None:
+    """Count the request, and for a served one its latencies, tokens, spend, GPU time and SLO result.
 
     ``tenant_labels`` (the config's ``metrics.tenant_labels``): label spend by tenant rather than one total."""
     metrics.requests.labels(attempt.route, attempt.backend, attempt.outcome, attempt.reason).inc()
     tenant = attempt.tenant.name if attempt.tenant and tenant_labels else ALL_TENANTS
     if attempt.outcome != "ok":
-        _count_spend(metrics, attempt, tenant)  # what a request cut off costs still counts
+        _count_spend(metrics, attempt, tenant, rent)  # what a request cut off costs still counts
         return
     e2e = time.perf_counter() - attempt.started
     metrics.e2e.labels(attempt.backend).observe(e2e)
     if attempt.served_by is not None:
         attempt.served_by.observe_service_time(e2e)
     _count_prompt_tokens(metrics, attempt)
-    _count_spend(metrics, attempt, tenant)
+    _count_spend(metrics, attempt, tenant, rent)
     if attempt.first_token_at:
         metrics.ttft.labels(attempt.backend).observe(attempt.first_token_at - attempt.started)
         _judge_prediction(metrics, attempt)
@@ -138,8 +139,8 @@ def _count_prompt_tokens(metrics: GatewayMetrics, attempt: Attempt) -> None:
         counter.labels(attempt.backend, "predicted_cached").inc(attempt.prefix_tokens.get(attempt.backend, 0))
 
 
-def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str) -> None:
-    """Price the request (hosted at the provider's prices, replicas as GPU time) and count it."""
+def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str, rent: RentBook) -> None:
+    """Price the request (hosted at the provider's prices, replicas as the GPU time it took) and count it."""
     usage = attempt.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     backend = attempt.served_by
@@ -150,15 +151,31 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str) -> None
             attempt.hosted_equivalent_usd = attempt.cost_usd
             _count_cost(metrics, attempt, tenant, backend.kind)
         return
-    if attempt.cost_usd is None:  # a replica: its GPU time, priced per output token
-        attempt.cost_usd = completion * backend.usd_per_mtok_out / 1e6
-    # The baseline for savings: the route's hosted model; a route without one saves nothing and loses
-    # nothing, so its baseline is what it cost. Ledger and metrics then agree on savings everywhere.
+    cached = cached_tokens(usage)
+    price = rent.price(backend.pool) if backend.kind == "replica" else None
+    gpu_seconds = 0.0
+    if price is not None:
+        gpu_seconds = price.gpu_seconds(prompt - cached, completion)
+        if attempt.cost_usd is None:
+            attempt.cost_usd = price.usd(gpu_seconds)
+    elif attempt.cost_usd is None:
+        attempt.cost_usd = 0.0
+    # The baseline for savings: the route's hosted model or reference price; a route with neither saves
+    # nothing and loses nothing, so its baseline is what it cost. Ledger and metrics then agree everywhere.
     reference = attempt.reference_price
     if reference is not None:
-        attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached_tokens(usage))
+        attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached)
     else:
         attempt.hosted_equivalent_usd = attempt.cost_usd
+    if price is not None and attempt.tenant is not None:
+        rent.used(
+            price.name,
+            attempt.tenant.name,
+            attempt.route,
+            gpu_seconds,
+            prompt + completion,
+            attempt.hosted_equivalent_usd,
+        )
     _count_cost(metrics, attempt, tenant, backend.kind)
 
 

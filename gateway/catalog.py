@@ -14,6 +14,7 @@ from backends.engines import Engine, engine_named
 from backends.hosted import HostedModel, PriceOverride
 from backends.prefill_rate import PrefillRateEstimator
 from backends.registry import Backend
+from gateway.accounting.rent import PoolPrice
 from gateway.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
 from gateway.routes import Route, build_routes
 from gateway.secrets import resolve_secret
@@ -37,6 +38,8 @@ class Catalog:
     """Every route under its name and each of its aliases."""
     tenants: TenantDirectory
     hosted_models: Mapping[str, HostedModel]
+    pool_prices: tuple[PoolPrice, ...] = ()
+    """Each pool's rent and rates, at its size in this version."""
 
 
 def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping[str, Backend]) -> Catalog:
@@ -48,16 +51,22 @@ def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping
     tenants = TenantDirectory(config.tenants, required=config.auth.required, route_aliases=aliases, admin=config.admin)
     backends: list[Backend] = []
     members: dict[str, list[str]] = {}
+    prices: list[PoolPrice] = []
     for pool in config.pools:
         urls = [*pool.replicas, *(endpoints.replicas.get(pool.name, []) if pool.simulated is not None else [])]
         pool_backends = _pool_backends(pool, urls, existing)
         backends += pool_backends
         members[pool.name] = [b.name for b in pool_backends]
+        prices.append(pool_price(pool, len(pool_backends)))
     for hosted in config.hosted_models:
         backends.append(_hosted_backend(hosted, hosted_models[hosted.name], existing))
         members[hosted.name] = [hosted.name]
     routes = build_routes(config, members, hosted_models)
-    return Catalog(config, tuple(backends), routes, tenants, hosted_models)
+    return Catalog(config, tuple(backends), routes, tenants, hosted_models, tuple(prices))
+
+
+def pool_price(pool: PoolConfig, replicas: int) -> PoolPrice:
+    return PoolPrice(pool.name, replicas, pool.gpu_usd_per_hour, pool.prefill_tokens_per_s, pool.output_tokens_per_s)
 
 
 def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Backend]) -> list[Backend]:
@@ -72,8 +81,11 @@ def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Bac
         backend.tier = pool.tier
         if backend.info is None or not backend.info.context_window:
             backend.context_window = pool.context_window
-        # A replica's cost is its GPU time: $/hour over the tokens it produces in an hour.
-        backend.usd_per_mtok_out = pool.gpu_usd_per_hour / (pool.output_tokens_per_s * 3600) * 1e6
+        backend.pool = pool.name
+        # A replica request's price is the GPU time it takes from the others (gateway.accounting.rent).
+        price = pool_price(pool, 1)
+        backend.usd_per_mtok_in = price.usd(price.gpu_seconds(1_000_000, 0))
+        backend.usd_per_mtok_out = price.usd(price.gpu_seconds(0, 1_000_000))
         backends.append(backend)
     # Replicas of a pool are the same model on the same GPUs: one shared estimate of their prefill rate
     # learns from all of them, and no replica looks faster than its twins by noise alone.

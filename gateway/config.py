@@ -154,8 +154,10 @@ class PoolConfig(Strict):
         "streamed prompts back; default an eighth of the replica's chunked_prefill_size, 0 never holds",
     )
     tier: int = Field(default=1, ge=0, description="quality tier; prompts scored complex need a higher one")
-    gpu_usd_per_hour: float = Field(default=0.0, ge=0, description="what one replica costs, for cost accounting")
-    output_tokens_per_s: float = Field(default=1000.0, gt=0, description="one replica's throughput, for cost")
+    gpu_usd_per_hour: float = Field(default=0.0, ge=0, description="one replica's rent per hour, busy or idle")
+    output_tokens_per_s: float = Field(
+        default=1000.0, gt=0, description="one replica's output tokens/s at full batch within the SLO (a load test)"
+    )
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
@@ -216,6 +218,14 @@ class AffinityConfig(Strict):
         return PrefixAffinityScorer(**{name: value for name, value in settings.items() if value is not None})
 
 
+class ReferencePrice(Strict):
+    """What a route's traffic would cost on a hosted API, for savings, when the route has no hosted model."""
+
+    input_per_mtok: float = Field(ge=0, description="USD per million prompt tokens")
+    output_per_mtok: float = Field(ge=0, description="USD per million output tokens")
+    cached_input_per_mtok: float | None = Field(default=None, ge=0, description="default: the input price")
+
+
 class RouteConfig(Strict):
     """What a client names in ``model``: the pools and hosted models that may serve it."""
 
@@ -229,6 +239,8 @@ class RouteConfig(Strict):
     affinity: AffinityConfig | None = None
     """``cache_aware`` only: its affinity guard's settings."""
     spill: SpillConfig = SpillConfig()
+    reference_price: ReferencePrice | None = None
+    """The savings baseline when the route has no hosted target (with one, that model's price is)."""
 
     def replica_policy(self) -> Policy:
         """The policy that ranks this route's replicas, with the route's weights and affinity settings."""

@@ -137,6 +137,26 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self.pool_rent = Gauge(
+            "spillgate_pool_rent_usd",
+            "What the pool's replicas have cost since this gateway process started, busy or idle (replicas x "
+            "gpu_usd_per_hour x hours). Every process reports the whole rent: take max, not sum, over processes.",
+            ("pool",),
+            registry=self.registry,
+        )
+        self.pool_rented_seconds = Gauge(
+            "spillgate_pool_rented_replica_seconds",
+            "Replica-seconds rented since this process started: the denominator of utilization.",
+            ("pool",),
+            registry=self.registry,
+        )
+        self.pool_busy_seconds = Gauge(
+            "spillgate_pool_busy_replica_seconds",
+            "Replica-seconds this process's requests took (uncached prompt tokens at prefill_tokens_per_s plus "
+            "output tokens at output_tokens_per_s): sum over processes, over rented seconds for utilization.",
+            ("pool",),
+            registry=self.registry,
+        )
         self._backend_gauges = (self.in_flight, self.backend_healthy, self.queued, self.running, self.kv_usage)
 
     def clear_backend_gauges(self) -> None:

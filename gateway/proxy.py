@@ -278,7 +278,9 @@ class CompletionsHandler:
         finally:
             watcher.stop()
             price_cut_off(attempt, parsed)
-            record_outcome(self._state.metrics, attempt, tenant_labels=self._state.config.metrics.tenant_labels)
+            record_outcome(
+                self._state.metrics, attempt, self._state.rent, tenant_labels=self._state.config.metrics.tenant_labels
+            )
             book_ledger(self._state.accountant, parsed, attempt, reservation)
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:

@@ -51,7 +51,16 @@ _KEPT_BY_RULE = frozenset({"residency", "budget", "priority", "queued", "best_ef
 
 
 def _reference_price(route: RouteConfig, hosted_models: Mapping[str, HostedModel]) -> Price | None:
+    """The cheapest hosted target's price, else the route's configured reference price, else none."""
     prices = [m.price for name, m in hosted_models.items() if name in route.targets and m.price is not None]
+    configured = route.reference_price
+    if not prices and configured is not None:
+        cached = configured.cached_input_per_mtok
+        return Price(
+            configured.input_per_mtok / 1e6,
+            configured.output_per_mtok / 1e6,
+            (configured.input_per_mtok if cached is None else cached) / 1e6,
+        )
     return min(prices, key=lambda p: p.cost(1000, 200), default=None)
 
 

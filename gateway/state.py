@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
 from cache.tokens import PromptTokenizer
 from gateway.accounting import Accountant, make_client
+from gateway.accounting.rent import RentBook
 from gateway.catalog import Catalog, Endpoints, build_catalog
 from gateway.coalesce import PrefillsInFlight
 from gateway.config import ConfigError, GatewayConfig
@@ -52,6 +54,8 @@ class GatewayState:
     hosted_http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(limits=_HOSTED_LIMITS))
     """Connections to hosted providers for the streams relayed without litellm (:mod:`backends.hosted.direct`)."""
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
+    rent: RentBook = field(default_factory=lambda: RentBook((), time.time()))
+    """Each pool's rent since the gateway started, and who used it."""
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
     accountant: Accountant = field(init=False)
@@ -83,6 +87,7 @@ class GatewayState:
         self.routes = catalog.routes
         self.tenants = catalog.tenants
         self.hosted_models = catalog.hosted_models
+        self.rent.configure(catalog.pool_prices, time.time())
         self.config = catalog.config
 
     async def start(self) -> None:

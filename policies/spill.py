@@ -1,13 +1,17 @@
 """Hybrid routing: self-hosted replicas and hosted models are candidates alike.
 
-The rule is "the cheapest candidate predicted to meet the tenant's SLO". Replicas are ranked among
-themselves by the route's replica policy (``cache_aware`` by default); replicas are almost always the
-cheaper candidates, so a request leaves our GPUs only when the best replica is predicted to miss the SLO
-(``overflow``), when the prompt needs a quality tier no replica has (``complex``), or, after a failure,
-as a fallback. Residency and budget can forbid hosted candidates; when that changes the outcome the
-decision says so (``residency``, ``budget``). Hysteresis: once a route spills, replicas must be predicted
-comfortably inside the SLO (``hysteresis`` x target) before traffic returns to them, so a pool near its
-limit does not flap.
+The rule follows from what each choice costs at the margin. The replicas' rent is paid whether they are busy
+or not, so a replica request costs only the GPU time it takes from other requests. While the best replica is
+predicted to meet the tenant's SLO, that time is spare and costs nothing: the replica wins over any hosted
+price. When it is predicted to miss, the time is taken from requests already queued there and the request
+misses its own target, and a hosted call is the price of avoiding both: the request spills (``overflow``), to
+the cheapest hosted model predicted to meet the SLO. A prompt that needs a quality tier no replica has
+spills whatever the load (``complex``): a cheap wrong answer is not cheaper. Residency and budget can forbid
+hosted candidates; when that changes the outcome the decision says so (``residency``, ``budget``), and a
+low-priority tenant waits rather than buy overflow capacity (``priority``). After a failure the next
+candidate serves as a ``fallback``. Hysteresis: once a route spills, replicas must be predicted comfortably
+inside the SLO (``hysteresis`` x target) before traffic returns to them, so a pool near its limit does not
+flap. Replicas are ranked among themselves by the route's replica policy (``cache_aware`` by default).
 """
 
 from __future__ import annotations

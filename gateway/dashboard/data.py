@@ -59,13 +59,23 @@ async def dashboard_data(
         "load": panels.load(backends),
     }
     if admin:
+        pools = state.rent.report(now)
+        baselined = {name for name, route in state.routes.items() if route.reference_price is not None}
         data |= {
             "spend": panels.spend(samples),
-            "savings": panels.savings(samples),
+            "rent": panels.rent(pools),
+            "savings": panels.savings(samples, pools, baselined),
             "requests": panels.requests_by_reason(samples, kinds),
             "slo": panels.slo(samples),
             "tenant_labels": state.config.metrics.tenant_labels,
         }
     else:
-        data |= {"spend": None, "savings": None, "requests": None, "slo": None, "restricted": ADMIN_ONLY}
+        data |= {
+            "spend": None,
+            "rent": None,
+            "savings": None,
+            "requests": None,
+            "slo": None,
+            "restricted": ADMIN_ONLY,
+        }
     return data

@@ -4,10 +4,11 @@ state for load), so every figure is the one a PromQL query over ``/metrics`` wou
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from backends.registry import Backend
+from gateway.accounting.rent import PoolRent
 from gateway.dashboard.quantile import histogram_quantile
 from gateway.dashboard.samples import Samples, keys, one
 
@@ -55,29 +56,76 @@ def spend(samples: Samples) -> Panel:
     }
 
 
-def savings(samples: Samples) -> Panel:
-    """Per route: what sending it all to the route's hosted model would have cost, minus what it cost.
-    A route without a hosted target books its own cost as its baseline, so it shows no savings and no
-    loss, as in the ledger."""
+def rent(pools: Sequence[PoolRent]) -> Panel:
+    """Per pool: the rent since the gateway started, how much of it requests used, the idle part, the cost of
+    a million tokens at that utilization against the hosted price of the same tokens, and the utilization at
+    which the two are equal; per tenant, its share of the rent (the shares add up to the rent)."""
+    rows = []
+    tenants: dict[str, float] = {}
+    for pool in pools:
+        rows.append(
+            {
+                "pool": pool.pool,
+                "replicas": pool.replicas,
+                "usd_per_hour": pool.usd_per_hour,
+                "since": pool.since,
+                "until": pool.until,
+                "rent_usd": pool.rent_usd,
+                "idle_usd": pool.idle_usd,
+                "used_usd": pool.rent_usd - pool.idle_usd,
+                "utilization": pool.utilization,
+                "usd_per_mtok": pool.usd_per_mtok,
+                "hosted_usd_per_mtok": pool.hosted_usd_per_mtok,
+                "break_even_utilization": pool.break_even_utilization,
+                "by_tenant": {name: share.rent_usd for name, share in pool.by_tenant.items()},
+            }
+        )
+        for name, share in pool.by_tenant.items():
+            tenants[name] = tenants.get(name, 0.0) + share.rent_usd
+    return {
+        "pools": rows,
+        "rent_usd": sum(p.rent_usd for p in pools),
+        "idle_usd": sum(p.idle_usd for p in pools),
+        "by_tenant": dict(sorted(tenants.items())),
+    }
+
+
+def savings(samples: Samples, pools: Sequence[PoolRent], baselined: Collection[str]) -> Panel:
+    """Per route: what its traffic would have cost on its hosted model (or reference price), minus its hosted
+    spend and its share of the rent. A route with neither price has no baseline: its savings are unknown,
+    not zero. The total also pays the rent no request used any of (a pool that served nothing)."""
     equivalent = samples.sum_by("spillgate_hosted_equivalent_usd_total", "route")
-    spent = samples.sum_by("spillgate_spend_usd_total", "route")
-    rows = [
-        {
-            "route": route,
-            "hosted_equivalent_usd": baseline,
-            "spend_usd": one(spent, route),
-            "savings_usd": baseline - one(spent, route),
-        }
-        for (route,), baseline in sorted(equivalent.items())
-    ]
-    baseline_total = sum(r["hosted_equivalent_usd"] for r in rows)
-    spend_total = sum(r["spend_usd"] for r in rows)
+    hosted = samples.sum_by("spillgate_spend_usd_total", "route", "kind")
+    route_rent: dict[str, float] = {}
+    for pool in pools:
+        for route, share in pool.by_route.items():
+            route_rent[route] = route_rent.get(route, 0.0) + share.rent_usd
+    rows = []
+    for (route,), baseline in sorted(equivalent.items()):
+        known = route in baselined
+        spent = one(hosted, route, "hosted") + route_rent.get(route, 0.0)
+        rows.append(
+            {
+                "route": route,
+                "hosted_equivalent_usd": baseline if known else None,
+                "hosted_usd": one(hosted, route, "hosted"),
+                "rent_usd": route_rent.get(route, 0.0),
+                "spend_usd": spent,
+                "savings_usd": baseline - spent if known else None,
+            }
+        )
+    unused = sum(p.rent_usd for p in pools if not p.busy_seconds)
+    known_rows = [r for r in rows if r["savings_usd"] is not None]
+    baseline_total = sum(r["hosted_equivalent_usd"] for r in known_rows)
+    spend_total = sum(r["spend_usd"] for r in known_rows) + unused
     return {
         "routes": rows,
         "hosted_equivalent_usd": baseline_total,
         "spend_usd": spend_total,
+        "unused_rent_usd": unused,
         "savings_usd": baseline_total - spend_total,
         "savings_ratio": _ratio(baseline_total - spend_total, baseline_total),
+        "unknown_routes": [r["route"] for r in rows if r["savings_usd"] is None],
     }
 
 

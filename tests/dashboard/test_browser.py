@@ -77,8 +77,19 @@ def test_admin_page_shows_what_metrics_say(stack: Stack, browser: Browser) -> No
     check(numbers, "spend.total", sum(spend.values()))
     check(numbers, "spend.kind.hosted", spend["hosted"])
     check(numbers, "spend.kind.replica", spend["replica"])
-    equivalent = sum(v for _, v in samples["spillgate_hosted_equivalent_usd_total"])
-    check(numbers, "savings.total", equivalent - sum(spend.values()))
+    # Savings count only the route with a hosted baseline; they pay its hosted spend and its share of the
+    # rent, which grows by the second: it lies between what /metrics said before and after the page's read.
+    equivalent = sum(v for labels, v in samples["spillgate_hosted_equivalent_usd_total"] if labels["route"] == "hybrid")
+    check(numbers, "savings.equivalent", equivalent)
+    saved, spent = (float(numbers[f"savings.{name}"][0]) for name in ("total", "spend"))
+    assert saved == pytest.approx(equivalent - spent, rel=1e-9)
+    assert spent >= spend["hosted"]
+    rent_after = sum(v for _, v in promtext.parse(stack.metrics())["spillgate_pool_rent_usd"])
+    rent_before = sum(v for _, v in samples["spillgate_pool_rent_usd"])
+    assert rent_before <= float(numbers["rent.total"][0]) <= rent_after
+    assert 0 <= float(numbers["rent.idle"][0]) <= float(numbers["rent.total"][0])
+    tenant_rent = sum(float(value) for metric, (value, _) in numbers.items() if metric.startswith("rent.tenant."))
+    assert tenant_rent == pytest.approx(float(numbers["rent.total"][0]), rel=1e-9), "tenants' shares are the rent"
     backends = {labels["backend"] for labels, _ in samples["spillgate_ttft_seconds_bucket"]}
     assert {"pool-0", "frontier"} <= backends
     for backend in backends:

@@ -25,7 +25,8 @@ ADMIN_KEY = "sk-tenants-admin"
 OUTPUT_TOKENS = 5
 """Every request asks for exactly this many tokens; the simulator produces exactly that many."""
 USD_PER_TOKEN = 1.0
-"""The pool's price: $3600/hour over 1 token/s, so a request costs exactly its output tokens in dollars."""
+"""The pool's price: $3600/hour over 1 token/s, so a request costs its output tokens in dollars (its prompt,
+prefilled at a billion tokens/s, adds nanodollars)."""
 
 
 def config(replica: RunningProcess, **state: Any) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def config(replica: RunningProcess, **state: Any) -> dict[str, Any]:
                 "replicas": [replica.url],
                 "gpu_usd_per_hour": 3600,
                 "output_tokens_per_s": 1,
+                "prefill_tokens_per_s": 1e9,
             }
         ],
         "routes": [{"name": "chat", "targets": ["pool"], "policy": "least_load"}],

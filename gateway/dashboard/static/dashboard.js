@@ -21,17 +21,20 @@ let refreshes = 0;
 
 // Formatting ---------------------------------------------------------------------------------------------
 
+// Money to the cent from $1, to a hundredth of a cent below: smaller amounts (float noise included) are $0.00.
 function usd(v) {
   if (v === null || v === undefined) return "-";
-  const sign = v < 0 ? "-" : "";
   const a = Math.abs(v);
-  if (a === 0) return "$0";
-  return a >= 1 ? `${sign}$${a.toFixed(2)}` : `${sign}$${Number(a.toPrecision(4))}`;
+  if (a < 0.00005) return "$0.00";
+  const sign = v < 0 ? "-" : "";
+  if (a < 1) return `${sign}$${a.toFixed(4)}`;
+  return `${sign}$${a.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 })}`;
 }
+const perMtok = (v) => (v === null || v === undefined ? "-" : `${usd(v)}/Mtok`);
 const ms = (v) => (v === null || v === undefined ? "-" : `${Number((v * 1000).toPrecision(4))} ms`);
 const count = (v) => (v === null || v === undefined ? "-" : String(Math.round(v)));
 const pct = (v) => (v === null || v === undefined ? "-" : `${(v * 100).toFixed(1)}%`);
-const FORMATS = { usd, ms, count, pct };
+const FORMATS = { usd, ms, count, pct, perMtok };
 
 // DOM helpers --------------------------------------------------------------------------------------------
 
@@ -128,6 +131,31 @@ function renderSpend(data) {
       "Metrics carry tenant=\"all\" (metrics.tenant_labels is off); per-tenant spend is in the ledger panel below."));
 }
 
+function renderRent(data) {
+  const r = data.rent;
+  if (!r) return fill("panel-rent", message(data.restricted));
+  if (!r.pools.length) return fill("panel-rent", message("no replica pool is configured"));
+  const parts = [
+    el("div", { class: "stats" },
+      stat("rent since start", r.rent_usd, "usd", "rent.total"),
+      stat("idle", r.idle_usd, "usd", "rent.idle")),
+    table(["pool", "replicas", "rent", "idle", "utilization", "cost at that use", "hosted, same tokens", "break-even"],
+      r.pools.map((p) => ({
+        cells: [p.pool, cell(p.replicas, "count", `rent.${p.pool}.replicas`), cell(p.rent_usd, "usd", `rent.${p.pool}.rent`),
+          cell(p.idle_usd, "usd", `rent.${p.pool}.idle`), cell(p.utilization, "pct", `rent.${p.pool}.utilization`),
+          cell(p.usd_per_mtok, "perMtok", `rent.${p.pool}.usd_per_mtok`),
+          cell(p.hosted_usd_per_mtok, "perMtok", `rent.${p.pool}.hosted_usd_per_mtok`),
+          cell(p.break_even_utilization, "pct", `rent.${p.pool}.break_even`)],
+      }))),
+  ];
+  const tenants = Object.entries(r.by_tenant);
+  if (tenants.length) {
+    parts.push(heading("rent by tenant, by share of GPU time"),
+      table(["tenant", "share of rent"], tenants.map(([t, v]) => ({ cells: [t, cell(v, "usd", `rent.tenant.${t}`)] }))));
+  }
+  fill("panel-rent", ...parts);
+}
+
 function renderSavings(data) {
   const s = data.savings;
   const l = data.ledger;
@@ -137,22 +165,25 @@ function renderSavings(data) {
       el("div", { class: "stats" },
         stat("saved", s.savings_usd, "usd", "savings.total"),
         stat("hosted only would cost", s.hosted_equivalent_usd, "usd", "savings.equivalent"),
-        stat("spent", s.spend_usd, "usd", "savings.spend"),
+        stat("rent and hosted spend", s.spend_usd, "usd", "savings.spend"),
         stat("saved share", s.savings_ratio, "pct", "savings.ratio")));
     const series = [
       { key: "hosted_equivalent_usd", name: "hosted only", color: PALETTE[1] },
-      { key: "spend_usd", name: "spent", color: PALETTE[0] },
+      { key: "spend_usd", name: "rent + hosted", color: PALETTE[0] },
     ];
-    if (s.routes.length) {
-      parts.push(columns("savings", s.routes.map((r) => ({ label: r.route, values: r })), series, { format: usd }),
+    const known = s.routes.filter((r) => r.savings_usd !== null);
+    if (known.length) {
+      parts.push(columns("savings", known.map((r) => ({ label: r.route, values: r })), series, { format: usd }),
         legend(series));
     } else {
-      parts.push(message("no route with a hosted baseline has served a request yet"));
+      parts.push(message("no route with a hosted model or a reference_price has served a request yet"));
     }
-    parts.push(table(["route", "hosted only", "spent", "saved"], s.routes.map((r) => ({
+    parts.push(table(["route", "hosted only", "rent share", "hosted spend", "saved"], s.routes.map((r) => ({
       cells: [r.route, cell(r.hosted_equivalent_usd, "usd", `savings.route.${r.route}.equivalent`),
-        cell(r.spend_usd, "usd", `savings.route.${r.route}.spend`),
-        cell(r.savings_usd, "usd", `savings.route.${r.route}.savings`)],
+        cell(r.rent_usd, "usd", `savings.route.${r.route}.rent`),
+        cell(r.hosted_usd, "usd", `savings.route.${r.route}.hosted`),
+        r.savings_usd === null ? el("td", { class: "message" }, "no baseline: set reference_price")
+          : cell(r.savings_usd, "usd", `savings.route.${r.route}.savings`)],
     }))));
   }
   if (l.configured && !l.error) {
@@ -339,6 +370,7 @@ function render(data) {
   document.body.dataset.viewer = admin ? "admin" : `tenant:${data.viewer.tenant}`;
   renderSpend(data);
   renderSavings(data);
+  renderRent(data);
   renderSpendTime(data);
   renderLatency("panel-ttft", "ttft", data.latency.ttft, admin);
   renderLatency("panel-tpot", "tpot", data.latency.tpot, admin);
