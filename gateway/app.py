@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backends.registry import Backend
 from gateway.admin import admin_router
 from gateway.admission import InFlightLimit, ReadingBudget
+from gateway.capacity.api import capacity_report, capacity_router, publish
 from gateway.dashboard import dashboard_router
 from gateway.errors import ApiError, error_body
 from gateway.exchange import Receive, Scope, Send
@@ -196,10 +197,12 @@ def build_control_app(state: GatewayState) -> FastAPI:
             state.metrics.pool_rent.labels(pool.pool).set(pool.rent_usd)
             state.metrics.pool_rented_seconds.labels(pool.pool).set(pool.replica_seconds)
             state.metrics.pool_busy_seconds.labels(pool.pool).set(pool.busy_seconds)
+        publish(state.metrics, capacity_report(state))
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(admin_router(state))
     app.include_router(spend_router(state))
+    app.include_router(capacity_router(state))
     app.include_router(dashboard_router(state))
     install_openapi(app)
     return app

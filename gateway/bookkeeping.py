@@ -184,15 +184,20 @@ def _count_cost(metrics: GatewayMetrics, attempt: Attempt, tenant: str, kind: st
     metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd or 0.0)
 
 
-def _count_slo(metrics: GatewayMetrics, attempt: Attempt) -> None:
-    """Whether the request met its tenant's SLO: the numerator of goodput."""
+def slo_result(attempt: Attempt) -> str | None:
+    """``met``, ``ttft_missed`` or ``tpot_missed`` against the tenant's targets; ``None`` without a first token."""
     tenant = attempt.tenant
     if tenant is None or not attempt.first_token_at:
-        return
+        return None
     if attempt.first_token_at - attempt.started > tenant.ttft_slo_s:
-        result = "ttft_missed"
-    elif attempt.tpot_s is not None and attempt.tpot_s > tenant.tpot_slo_s:
-        result = "tpot_missed"
-    else:
-        result = "met"
-    metrics.slo.labels(tenant.slo_class, result).inc()
+        return "ttft_missed"
+    if attempt.tpot_s is not None and attempt.tpot_s > tenant.tpot_slo_s:
+        return "tpot_missed"
+    return "met"
+
+
+def _count_slo(metrics: GatewayMetrics, attempt: Attempt) -> None:
+    """Whether the request met its tenant's SLO: the numerator of goodput."""
+    result = slo_result(attempt)
+    if result is not None and attempt.tenant is not None:
+        metrics.slo.labels(attempt.tenant.slo_class, result).inc()

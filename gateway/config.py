@@ -322,6 +322,38 @@ class MetricsConfig(Strict):
         return self
 
 
+class CapacityConfig(Strict):
+    """How the gateway sizes each pool from what it measures (``GET /capacity``, ``spillgate_recommended_replicas``):
+    replicas for the recent peak with headroom, one more on sustained pressure, never fewer than ``min_replicas``.
+    Changing ``rate_window_s`` or ``lookback_s`` starts the measurements afresh."""
+
+    headroom: float = Field(
+        default=0.3, ge=0, le=10, description="spare capacity over the peak, for spikes, failures and deploys"
+    )
+    rate_window_s: float = Field(
+        default=60.0, ge=1, le=3600, description="the peak is the highest mean arrival rate over a window this long"
+    )
+    lookback_s: float = Field(
+        default=3600.0,
+        ge=1,
+        le=7 * 86400,
+        description="how far back the peak (and a replica added for pressure) counts: scale-down waits this long",
+    )
+    sustain_s: float = Field(
+        default=300.0, gt=0, description="queueing or KV usage over kv_high this long, unbroken, adds a replica"
+    )
+    kv_high: float = Field(default=0.9, gt=0, le=1, description="a pool's mean KV cache usage above this is pressure")
+    min_replicas: int = Field(default=1, ge=0, description="warm replicas kept however quiet the traffic")
+
+    @model_validator(mode="after")
+    def _lookback_holds_windows(self) -> CapacityConfig:
+        if self.lookback_s < self.rate_window_s:
+            raise ValueError("lookback_s must be at least rate_window_s")
+        if self.lookback_s / self.rate_window_s > 10_000:
+            raise ValueError("lookback_s may be at most 10,000 rate windows (memory is kept per window)")
+        return self
+
+
 class PrefixConfig(Strict):
     """How prompts are fingerprinted for prefix-cache-aware routing."""
 
@@ -373,6 +405,7 @@ class GatewayConfig(Strict):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
+    capacity: CapacityConfig = CapacityConfig()
     prefix: PrefixConfig = PrefixConfig()
     state: StateConfig = StateConfig()
     pools: list[PoolConfig] = Field(default_factory=list)

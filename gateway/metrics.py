@@ -157,6 +157,37 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
+        self.recommended_replicas = Gauge(
+            "spillgate_recommended_replicas",
+            "Replicas the pool needs now (GET /capacity has the inputs): max(capacity.min_replicas, the peak arrival "
+            "rate over the lookback with headroom over one replica's requests/s, current + 1 on sustained pressure).",
+            ("pool",),
+            registry=self.registry,
+        )
+        self.pool_replicas = Gauge(
+            "spillgate_pool_replicas", "Replicas the pool has now, healthy or not.", ("pool",), registry=self.registry
+        )
+        self.capacity_peak_rps = Gauge(
+            "spillgate_capacity_peak_rps",
+            "The pool's demand (served plus spilled as overflow): its highest mean arrival rate over any "
+            "capacity.rate_window_s within capacity.lookback_s, as this process saw it.",
+            ("pool",),
+            registry=self.registry,
+        )
+        self.capacity_output_tps = Gauge(
+            "spillgate_capacity_replica_output_tps",
+            "One replica's output tokens/s at the SLO that the advice uses: source=measured once a replica was seen "
+            "saturated within the SLO, else source=configured (pools[].output_tokens_per_s).",
+            ("pool", "source"),
+            registry=self.registry,
+        )
+        self.capacity_pressure_seconds = Gauge(
+            "spillgate_capacity_pressure_seconds",
+            "How long the pool has queued requests or had its KV cache over capacity.kv_high without a break "
+            "(0: not now); at capacity.sustain_s it asks for one more replica.",
+            ("pool",),
+            registry=self.registry,
+        )
         self._backend_gauges = (self.in_flight, self.backend_healthy, self.queued, self.running, self.kv_usage)
 
     def clear_backend_gauges(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +20,8 @@ from cache.shared_index import SharedPrefixIndex
 from cache.tokens import PromptTokenizer
 from gateway.accounting import Accountant, make_client
 from gateway.accounting.rent import RentBook
+from gateway.capacity.recorder import CapacityRecorder
+from gateway.capacity.sampler import sample_forever
 from gateway.catalog import Catalog, Endpoints, build_catalog
 from gateway.coalesce import PrefillsInFlight
 from gateway.config import ConfigError, GatewayConfig
@@ -56,6 +60,8 @@ class GatewayState:
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
     rent: RentBook = field(default_factory=lambda: RentBook((), time.time()))
     """Each pool's rent since the gateway started, and who used it."""
+    capacity: CapacityRecorder = field(default_factory=CapacityRecorder)
+    """Each pool's demand and its replicas' load over the lookback, for the replicas it needs (``GET /capacity``)."""
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
     accountant: Accountant = field(init=False)
@@ -63,6 +69,7 @@ class GatewayState:
     _accounting_redis: aioredis.Redis | None = field(default=None, init=False)
     peer_load: PeerLoad | None = field(default=None, init=False)
     """With Redis: the other gateway processes' load at each replica, added to this one's."""
+    _capacity_sampling: asyncio.Task[None] | None = field(default=None, init=False)
 
     @property
     def spend(self) -> LedgerSpend:
@@ -88,6 +95,7 @@ class GatewayState:
         self.tenants = catalog.tenants
         self.hosted_models = catalog.hosted_models
         self.rent.configure(catalog.pool_prices, time.time())
+        self.capacity.configure(catalog.config, (b.name for b in replicas.values()), time.perf_counter())
         self.config = catalog.config
 
     async def start(self) -> None:
@@ -124,8 +132,15 @@ class GatewayState:
         if self.live is not None:
             await self.live.start(client)
         await self.registry.start()
+        self._capacity_sampling = asyncio.create_task(
+            sample_forever(self.capacity, self.registry, lambda: self.config.health.interval_s)
+        )
 
     async def stop(self) -> None:
+        if self._capacity_sampling is not None:
+            self._capacity_sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._capacity_sampling
         if self.live is not None:
             await self.live.stop()
         await self.registry.stop()

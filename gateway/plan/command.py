@@ -4,7 +4,8 @@ From a model, a GPU, a request shape, peak traffic and one measured operating po
 output tokens/s a replica sustains within the latency SLO, given or read from a ``spillgate bench`` JSON),
 it derives the KV cache per token and per replica, the memory-bound concurrency, requests/s per replica,
 replicas and GPUs for the peak with headroom, their cost per day, what a hosted API would charge for the same
-traffic, and a Little's-law check of the operating point.
+traffic, and a Little's-law check of the operating point. With ``--from URL`` it plans each pool of a running
+gateway from what the gateway measured instead (:mod:`gateway.plan.live`).
 
 Sizes are decimal (1 GB = 1e9 bytes) and parameter counts nominal (70B = 70e9), as on spec sheets and in a
 back-of-the-envelope estimate, so the figures match the ones written by hand.
@@ -35,6 +36,7 @@ from gateway.plan.inputs import (
     PlanInputs,
     Traffic,
 )
+from gateway.plan.live import TOKEN_ENV, gateway_url, run_live
 from gateway.plan.render import format_table, to_json
 
 EXAMPLES = f"""examples:
@@ -45,6 +47,7 @@ EXAMPLES = f"""examples:
       --from-bench bench.json --json
   spillgate plan --params 32B --layers 64 --kv-heads 8 --head-dim 128 --weight-dtype bf16 --kv-dtype fp8 \\
       --gpu h200-141gb --gpu-price 3.8 --tp 2 ...
+  spillgate plan --from http://127.0.0.1:8080 --token "$SPILLGATE_METRICS_TOKEN"
 
 models: {", ".join(MODELS)}
 gpus: {", ".join(GPUS)}
@@ -75,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mem-fraction", type=fraction, default=0.9, metavar="F", help="usable share of GPU memory (default 0.9)"
     )
     load = parser.add_argument_group("traffic (ratios as 0.3, 30% or 1/3)")
-    load.add_argument("--input-tokens", type=non_negative_int, required=True, metavar="N", help="per request, mean")
-    load.add_argument("--output-tokens", type=positive_int, required=True, metavar="N", help="per request, mean")
-    load.add_argument("--peak-rps", type=positive, required=True, metavar="RPS", help="peak requests/s to serve")
+    load.add_argument("--input-tokens", type=non_negative_int, metavar="N", help="per request, mean (required)")
+    load.add_argument("--output-tokens", type=positive_int, metavar="N", help="per request, mean (required)")
+    load.add_argument("--peak-rps", type=positive, metavar="RPS", help="peak requests/s to serve (required)")
     load.add_argument(
         "--headroom", type=fraction, default=0.3, metavar="F", help="spare capacity over the peak (default 30%%)"
     )
@@ -101,6 +104,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     point.add_argument("--slo-tpot-ms", type=positive, metavar="MS", help="with --from-bench: TPOT bound (the run's)")
     point.add_argument(
         "--slo-percentile", choices=SLO_PERCENTILES, default="p95", help="with --from-bench: held to the SLO (p95)"
+    )
+    live = parser.add_argument_group("or plan every pool of a running gateway from its measurements")
+    live.add_argument(
+        "--from",
+        dest="from_url",
+        type=gateway_url,
+        metavar="URL",
+        help="the gateway's base URL: its GET /capacity gives the traffic, throughput and prices (no other flags)",
+    )
+    live.add_argument(
+        "--token", metavar="TOKEN", help=f"with --from: the gateway's metrics.token (default: ${TOKEN_ENV})"
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     parser.set_defaults(handler=run)
@@ -186,8 +200,35 @@ def _check_ratios(args: argparse.Namespace) -> None:
         raise PlanError("pass both --hosted-input-price and --hosted-output-price, or neither")
 
 
+_PLAN_FLAGS = {
+    "model": "--model", "params": "--params", "layers": "--layers", "kv_heads": "--kv-heads",
+    "head_dim": "--head-dim", "weight_dtype": "--weight-dtype", "kv_dtype": "--kv-dtype", "gpu": "--gpu",
+    "gpu_memory_gb": "--gpu-memory-gb", "gpu_bandwidth_tbs": "--gpu-bandwidth-tbs", "gpu_price": "--gpu-price",
+    "input_tokens": "--input-tokens", "output_tokens": "--output-tokens", "peak_rps": "--peak-rps",
+    "hosted_input_price": "--hosted-input-price", "hosted_output_price": "--hosted-output-price",
+    "concurrency": "--concurrency", "output_tps": "--output-tps", "mean_e2e_s": "--mean-e2e-s",
+    "from_bench": "--from-bench", "slo_ttft_ms": "--slo-ttft-ms", "slo_tpot_ms": "--slo-tpot-ms",
+}  # fmt: skip
+"""The flags that plan from given figures, by their ``args`` names: none of them goes with ``--from``."""
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """Either the figures as flags or ``--from`` a gateway, never both; and the traffic is required without it."""
+    given = [flag for name, flag in _PLAN_FLAGS.items() if getattr(args, name) is not None]
+    if args.from_url is not None:
+        if given:
+            raise PlanError(f"--from takes every figure from the gateway; drop {', '.join(given)}")
+        return
+    if args.token is not None:
+        raise PlanError("--token is the gateway's metrics token, for --from URL")
+    missing = [flag for flag in ("--input-tokens", "--output-tokens", "--peak-rps") if flag not in given]
+    if missing:
+        raise PlanError(f"the following arguments are required: {', '.join(missing)} (or --from URL)")
+
+
 def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     """Presets overridden by whatever flags were given; ``PlanError`` names the first flag that cannot work."""
+    _check_source(args)
     _check_ratios(args)
     prices = None
     if args.hosted_input_price is not None:
@@ -204,6 +245,13 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_url is not None:
+        try:
+            _check_source(args)
+        except PlanError as exc:
+            print(f"spillgate plan: {exc}", file=sys.stderr)
+            return 2
+        return run_live(args)
     try:
         plan = compute_plan(inputs_from_args(args))
     except PlanError as exc:
