@@ -25,7 +25,7 @@ from gateway.openapi import install_openapi
 from gateway.proxy import CompletionsHandler
 from gateway.spend_api import spend_router
 from gateway.state import GatewayState
-from gateway.tenants import bearer_matches
+from gateway.tenants import require_metrics_token
 
 log = logging.getLogger("spillgate.gateway")
 
@@ -177,11 +177,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
-        token = state.config.metrics.token
-        if token is not None and not bearer_matches(request.headers.get("authorization"), token):
-            raise ApiError(
-                401, "/metrics needs the metrics token: 'Authorization: Bearer <token>'.", code="invalid_api_key"
-            )
+        require_metrics_token(state.config.metrics.token, request.headers.get("authorization"), "/metrics")
         for component, degraded in _degraded(state).items():
             state.metrics.degraded.labels(component).set(1.0 if degraded else 0.0)
         # Per-backend gauges describe the backends configured now: a backend a config change removed goes.

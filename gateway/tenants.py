@@ -66,6 +66,12 @@ def resolve_key(spec: str) -> str:
     return key_digest(resolve_secret(spec))
 
 
+def require_metrics_token(token: str | None, authorization: str | None, path: str) -> None:
+    """401 unless ``metrics.token`` is unset or ``authorization`` carries it: the scrape endpoints' one guard."""
+    if token is not None and not bearer_matches(authorization, token):
+        raise ApiError(401, f"{path} needs the metrics token: 'Authorization: Bearer <token>'.", code="invalid_api_key")
+
+
 def bearer_matches(authorization: str | None, spec: str) -> bool:
     """The ``Authorization`` header carries the key ``spec`` configures (compared in constant time)."""
     key = _bearer(authorization)

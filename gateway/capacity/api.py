@@ -16,13 +16,12 @@ from backends.hosted import Price
 from gateway.capacity.advice import PoolAdvice, advise
 from gateway.capacity.recorder import route_pools
 from gateway.config import CapacityConfig
-from gateway.errors import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.plan.estimate import HOURS_PER_DAY
 from gateway.plan.inputs import HostedPrices
-from gateway.plan.render import _clean
+from gateway.plan.render import clean_floats
 from gateway.state import GatewayState
-from gateway.tenants import bearer_matches
+from gateway.tenants import require_metrics_token
 
 JSON_VERSION = 1
 
@@ -122,7 +121,7 @@ def _pool_json(advice: PoolAdvice, settings: CapacityConfig) -> dict[str, Any]:
 def report_json(report: CapacityReport) -> dict[str, Any]:
     """The report as ``GET /capacity`` serves it, without float noise (as ``spillgate plan --json``)."""
     settings = report.settings
-    return _clean(
+    return clean_floats(
         {
             "version": JSON_VERSION,
             "rate_window_s": settings.rate_window_s,
@@ -159,11 +158,7 @@ def capacity_router(state: GatewayState) -> APIRouter:
     @router.get("/capacity")
     async def capacity(request: Request) -> dict[str, Any]:
         """Replicas each pool needs now, and every figure that went into it (shape: ``report_json``)."""
-        token = state.config.metrics.token
-        if token is not None and not bearer_matches(request.headers.get("authorization"), token):
-            raise ApiError(
-                401, "/capacity needs the metrics token: 'Authorization: Bearer <token>'.", code="invalid_api_key"
-            )
+        require_metrics_token(state.config.metrics.token, request.headers.get("authorization"), "/capacity")
         return report_json(capacity_report(state))
 
     return router

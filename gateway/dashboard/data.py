@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+from gateway.capacity.api import capacity_report, report_json
 from gateway.dashboard import panels
 from gateway.dashboard.ledger import SpendLedger, spend_panel
 from gateway.dashboard.samples import Samples
@@ -64,6 +65,7 @@ async def dashboard_data(
         data |= {
             "spend": panels.spend(samples),
             "rent": panels.rent(pools),
+            "capacity": report_json(capacity_report(state)),
             "savings": panels.savings(samples, pools, baselined),
             "requests": panels.requests_by_reason(samples, kinds),
             "slo": panels.slo(samples),
@@ -73,6 +75,7 @@ async def dashboard_data(
         data |= {
             "spend": None,
             "rent": None,
+            "capacity": None,
             "savings": None,
             "requests": None,
             "slo": None,

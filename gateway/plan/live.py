@@ -21,7 +21,7 @@ import orjson
 from gateway.plan.estimate import HOURS_PER_DAY, fleet, hosted
 from gateway.plan.formatting import num, pct, ratio, sig, usd
 from gateway.plan.inputs import GpuSpec, HostedPrices, OperatingPoint, PlanError, Traffic
-from gateway.plan.render import _clean
+from gateway.plan.render import clean_floats
 from gateway.plan.results import Fleet, Hosted
 
 TOKEN_ENV = "SPILLGATE_METRICS_TOKEN"
@@ -154,7 +154,7 @@ def plan_report(report: dict[str, Any]) -> list[LivePlan]:
 
 def to_json(url: str, report: dict[str, Any], plans: list[LivePlan]) -> dict[str, Any]:
     """Per pool: the headline figures as ``spillgate plan --json`` names them, then each step."""
-    return _clean(
+    return clean_floats(
         {
             "version": JSON_VERSION,
             "source": url,

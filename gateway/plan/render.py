@@ -13,19 +13,19 @@ from gateway.plan.results import Plan
 JSON_VERSION = 1
 
 
-def _clean(value: Any) -> Any:
+def clean_floats(value: Any) -> Any:
     """JSON without float noise (12 significant digits): 1439999.9999999998 requests/day is 1440000.0."""
     if isinstance(value, dict):
-        return {key: _clean(item) for key, item in value.items()}
+        return {key: clean_floats(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(item) for item in value]
+        return [clean_floats(item) for item in value]
     return float(f"{value:.12g}") if isinstance(value, float) else value
 
 
 def to_json(plan: Plan) -> dict[str, Any]:
     """The figures for scripts: the inputs as used, the headline numbers at the top level, then each step."""
     mem, fl = plan.memory, plan.fleet
-    return _clean(
+    return clean_floats(
         {
             "version": JSON_VERSION,
             "inputs": asdict(plan.inputs),

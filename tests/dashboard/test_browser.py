@@ -28,7 +28,7 @@ def browser() -> Iterator[Browser]:
 
 def number(text: str) -> float:
     """What a reader takes from ``$0.0016``, ``-$1,250.50``, ``$0.73/Mtok``, ``12.5 ms``, ``51.3%`` or ``3``."""
-    match = re.fullmatch(r"(-?)\$?(-?[0-9.e+-]+)\s*(ms|%|/Mtok)?", text.replace(",", ""))
+    match = re.fullmatch(r"(-?)\$?(-?[0-9.e+-]+)\s*(ms|%|/Mtok|/s)?", text.replace(",", ""))
     assert match, f"not a number: {text!r}"
     value = float(match[1] + match[2])
     return value / 1000 if match[3] == "ms" else value / 100 if match[3] == "%" else value
@@ -88,6 +88,10 @@ def test_admin_page_shows_what_metrics_say(stack: Stack, browser: Browser) -> No
     rent_before = sum(v for _, v in samples["spillgate_pool_rent_usd"])
     assert rent_before <= float(numbers["rent.total"][0]) <= rent_after
     assert 0 <= float(numbers["rent.idle"][0]) <= float(numbers["rent.total"][0])
+    samples_after = promtext.parse(stack.metrics())
+    recommended = promtext.sum_by(samples_after, "spillgate_recommended_replicas", "pool")
+    check(numbers, "capacity.pool.recommended", recommended["pool"])
+    check(numbers, "capacity.pool.replicas", 2)
     money = {metric: text for metric, (_, text) in numbers.items() if "$" in text}
     assert money and not [t for t in money.values() if "e" in t], f"money in exponent notation: {money}"
     tenant_rent = sum(float(value) for metric, (value, _) in numbers.items() if metric.startswith("rent.tenant."))

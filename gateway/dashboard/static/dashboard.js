@@ -34,7 +34,8 @@ const perMtok = (v) => (v === null || v === undefined ? "-" : `${usd(v)}/Mtok`);
 const ms = (v) => (v === null || v === undefined ? "-" : `${Number((v * 1000).toPrecision(4))} ms`);
 const count = (v) => (v === null || v === undefined ? "-" : String(Math.round(v)));
 const pct = (v) => (v === null || v === undefined ? "-" : `${(v * 100).toFixed(1)}%`);
-const FORMATS = { usd, ms, count, pct, perMtok };
+const rps = (v) => (v === null || v === undefined ? "-" : `${Number(v.toPrecision(3))}/s`);
+const FORMATS = { usd, ms, count, pct, perMtok, rps };
 
 // DOM helpers --------------------------------------------------------------------------------------------
 
@@ -154,6 +155,31 @@ function renderRent(data) {
       table(["tenant", "share of rent"], tenants.map(([t, v]) => ({ cells: [t, cell(v, "usd", `rent.tenant.${t}`)] }))));
   }
   fill("panel-rent", ...parts);
+}
+
+function renderCapacity(data) {
+  const c = data.capacity;
+  if (!c) return fill("panel-capacity", message(data.restricted));
+  if (!c.pools.length) return fill("panel-capacity", message("no replica pool is configured"));
+  const why = { demand: "peak demand", pressure: "sustained pressure", min_replicas: "warm minimum" };
+  fill("panel-capacity",
+    table(["pool", "replicas", "recommended", "because", "peak demand", "per replica", "headroom", "queued",
+      "KV", "pressure for", "overflow spills", "their cost"],
+    c.pools.map((p) => ({
+      cells: [p.pool, cell(p.replicas, "count", `capacity.${p.pool}.replicas`),
+        cell(p.recommended_replicas, "count", `capacity.${p.pool}.recommended`), why[p.reason] || p.reason,
+        cell(p.demand.peak_rps, "rps", `capacity.${p.pool}.peak_rps`),
+        el("td", {}, num(p.throughput.rps_per_replica, "rps", `capacity.${p.pool}.rps_per_replica`),
+          ` (${p.throughput.source})`),
+        cell(p.headroom, "pct", `capacity.${p.pool}.headroom`),
+        cell(p.pressure.queue_depth, "count", `capacity.${p.pool}.queued`),
+        cell(p.pressure.kv_usage, "pct", `capacity.${p.pool}.kv_usage`),
+        el("td", {}, `${Math.round(p.pressure.for_s)} of ${Math.round(p.pressure.sustain_s)} s`),
+        cell(p.demand.overflow_requests, "count", `capacity.${p.pool}.overflow_requests`),
+        cell(p.demand.overflow_usd, "usd", `capacity.${p.pool}.overflow_usd`)],
+    }))),
+    message(`peak: the highest mean arrival rate over ${c.rate_window_s} s within the last ${c.lookback_s} s; ` +
+      "spilled overflow is what not having the replicas cost meanwhile"));
 }
 
 function renderSavings(data) {
@@ -371,6 +397,7 @@ function render(data) {
   renderSpend(data);
   renderSavings(data);
   renderRent(data);
+  renderCapacity(data);
   renderSpendTime(data);
   renderLatency("panel-ttft", "ttft", data.latency.ttft, admin);
   renderLatency("panel-tpot", "tpot", data.latency.tpot, admin);
