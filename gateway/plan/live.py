@@ -19,7 +19,7 @@ import httpx
 import orjson
 
 from gateway.plan.estimate import HOURS_PER_DAY, fleet, hosted
-from gateway.plan.formatting import num, pct, ratio, sig, usd
+from gateway.plan.formatting import num, pct, sig, usd
 from gateway.plan.inputs import GpuSpec, HostedPrices, OperatingPoint, PlanError, Traffic
 from gateway.plan.render import clean_floats
 from gateway.plan.results import Fleet, Hosted
@@ -231,7 +231,7 @@ def _pool_rows(p: LivePlan, window: str, lookback: str) -> list[tuple[str, str, 
         row(
             "hosted API per day",
             usd(p.hosted.cost_per_day),
-            f"{p.hosted.requests_per_day:,.0f} requests/day at {ratio(round(traffic.avg_to_peak, 3))} of peak; "
+            f"{p.hosted.requests_per_day:,.0f} requests/day at the measured mean rate; "
             f"{usd(p.hosted_prices.input_per_mtok)}/M in, {usd(p.hosted_prices.output_per_mtok)}/M out",
         )
     row("overflow to hosted", usd(p.overflow_usd), f"{p.overflow_requests:,.0f} requests in the last {lookback}")
