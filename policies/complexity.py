@@ -1,10 +1,16 @@
-"""How hard a chat request looks, from cheap surface features, so a route can spill hard ones to a frontier model.
+"""How hard a chat request's ask looks, from cheap surface features, so a route can spill hard ones to a frontier model.
 
-Pure and fast (tens of microseconds for a typical request): C-speed passes over the request's text (byte
-translation, word sets, substring counts, two short regexes), no model, no network. The score is a logistic model
-over named features; ``ComplexityModel`` is the plug-in point for a learned one. The features are proxies (code,
-math, proof and planning cues, tools, depth, length), so the score says "looks like the kind of request small
-models often get wrong", not "is hard".
+The score reads the ask, not the context that comes with it: the last user turn (or a completion's ``prompt``), the
+task cues in it and the tools offered. A long system prompt, chat history, tool results or a pasted document add
+nothing, because long shared prefixes are what prefix-cached replicas serve cheapest and they say little about how
+hard the question is. A long last turn is read at its ends (``ask_window``): instructions and questions sit there,
+the pasted material in between.
+
+Pure and fast (tens of microseconds a request): C-speed passes over the ask's text (byte translation, word sets,
+substring counts, short regexes), no model, no network. The score is a logistic model over named features;
+``ComplexityModel`` is the plug-in point for a learned one. The features are proxies (code, math, proof and
+reasoning cues, the ask's length, tools), so the score says "looks like the kind of request small models often get
+wrong", not "is hard".
 """
 
 from __future__ import annotations
@@ -17,15 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 DEFAULT_THRESHOLD = 0.5
-MAX_SCAN_CHARS = 4096
-"""Longer prompts are scanned at their head and tail only, so cost stays bounded; length still counts in full."""
+ASK_WHOLE_CHARS = 1500
+"""A last turn up to this long is all ask; a longer one is read at its ends only (``ask_window``)."""
+ASK_HEAD_CHARS = 400
+ASK_TAIL_CHARS = 800
+"""At most this much of each end: the head stops at its first line break, the tail at its last blank line."""
 
 FEATURE_NAMES = (
-    "length",
-    "system_length",
-    "turns",
+    "ask_length",
     "code_blocks",
     "code_syntax",
+    "code_task",
     "stack_trace",
     "math_markup",
     "math_terms",
@@ -35,10 +43,9 @@ FEATURE_NAMES = (
     "constraints",
     "simple_ask",
     "tools",
-    "tool_turns",
 )
 
-MONOTONE_FEATURES = frozenset(FEATURE_NAMES) - {"simple_ask", "system_length"}
+MONOTONE_FEATURES = frozenset(FEATURE_NAMES) - {"simple_ask"}
 """Cues of complexity: more of one must never lower the score."""
 
 _ASCII_LETTERS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -59,9 +66,26 @@ _CODE_WORDS = _words(
     "def elif lambda impl fn func struct nullptr println printf malloc calloc async await const void bool typename "
     "usestate useeffect cout endl isinstance kwargs args len std sizeof goroutine goroutines pytest npm"
 )
+_CODE_TASK_WORDS = _words(
+    "program programs programming implement implementation coding compile compiler debug refactor "
+    "java javascript typescript rust golang kotlin php scala haskell ocaml sql mysql html css svg xml "
+    "react django laravel kubernetes docker bash powershell regex api assembly nasm cuda opengl app apps "
+    "query database excel notebook kernel userspace runtime cpu gpu server linux shell git recursion "
+    "recursive pandas numpy dataframe matplotlib seaborn"
+)
+_CODE_TASK_PHRASES = (
+    ("c", "c++"),
+    ("c", "c#"),
+    ("code", "write code"),
+    ("code", "this code"),
+    ("code", "my code"),
+    ("code", "code that"),
+    ("write", "write a function"),
+    ("write", "write a program"),
+)
 _STACK_WORDS = _words(
     "traceback exception exceptions segfault sigsegv sigabrt oomkilled errno stacktrace backtrace valgrind panicked "
-    "crashloopbackoff"
+    "crashloopbackoff typeerror valueerror keyerror nullpointerexception bug bugs"
 )
 _LATEX_COMMANDS = _words(
     "frac dfrac tfrac sqrt sum int prod lim cdot times le ge leq geq neq equiv pmod bmod mod mathbf mathbb mathcal "
@@ -69,10 +93,13 @@ _LATEX_COMMANDS = _words(
     "to circ displaystyle log ln sin cos tan det partial nabla vec overline hat angle triangle perp"
 )
 _MATH_TERMS = _words(
-    "integer integers prime primes polynomial polynomials divisor divisors divisible remainder modulo matrix matrices "
+    "integer integers primes polynomial polynomials divisor divisors divisible remainder modulo matrix matrices "
     "eigenvalue eigenvalues determinant derivative integral probability irrational rational equation equations "
     "inequality triangle circle circles radius tangent orthocenter sequence converge converges diverge diverges "
-    "abelian cyclic isomorphic homomorphism subgroup vertices bipartite permutation parity asymptotic lagrangian"
+    "abelian cyclic isomorphic homomorphism subgroup vertices bipartite permutation parity asymptotic lagrangian "
+    "angle angles perimeter polygon parabola ellipse hyperbola logarithm factorial gcd lcm coefficient coefficients "
+    "quadratic cubic compute fraction distinguishable congruent reciprocal variance deviation interval intervals "
+    "regression"
 )
 _PROOF_WORDS = _words(
     "prove proves proof proofs lemma theorem corollary iff contradiction induction qed wlog uncountable undecidable"
@@ -81,10 +108,12 @@ _REASONING_WORDS = _words(
     "derive derivation derives compare comparing comparison contrast tradeoff tradeoffs analyse analyze analysis "
     "evaluate justify design designing architect architecture scale scalable scalability scaling optimise optimize "
     "optimisation optimization complexity reconcile investigate diagnose critically implications strategy strategies "
-    "plan consistency consistent concurrency concurrent race deadlock deadlocks correctness efficient efficiently "
+    "consistency consistent concurrency concurrent deadlock deadlocks correctness efficient efficiently "
     "algorithm algorithms propose redesign migrate migration sensitivity latency throughput distributed idempotency "
     "idempotent failover replication sharding shard cache caching availability fault partition partitioning replica "
-    "replicas consensus microservices autoscaling quota quotas tenant rebalancing deduplication retries backpressure"
+    "replicas consensus microservices autoscaling quota quotas tenant rebalancing deduplication retries backpressure "
+    "logic logical logically deduce deduction deductive deductively premise premises valid invalid argument fallacy "
+    "causation causal infer inference"
 )
 _CONSTRAINT_WORDS = _words("must exactly constraint constraints without ensure guarantee guarantees limit limits bound")
 _SIMPLE_WORDS = _words(
@@ -93,12 +122,23 @@ _SIMPLE_WORDS = _words(
     "weather timer"
 )
 # Phrases as (word that must be present, phrase to count): the word gates the scan, so absent phrases cost nothing.
-_MATH_PHRASES = (("real", "real number"), ("complex", "complex number"), ("fraction", "common fraction"))
+_MATH_PHRASES = (
+    ("real", "real number"),
+    ("complex", "complex number"),
+    ("fraction", "common fraction"),
+    ("prime", "prime number"),
+    ("prime", "prime factor"),
+    ("prime", "is prime"),
+    ("ways", "how many ways"),
+    ("ways", "in how many"),
+    ("expected", "expected value"),
+)
 _PROOF_PHRASES = (("show", "show that"), ("only", "if and only if"), ("generality", "without loss of generality"))
 _REASONING_PHRASES = (
     ("step", "step by step"),
     ("step", "step-by-step"),
     ("cause", "root cause"),
+    ("race", "race condition"),
     ("cons", "pros and cons"),
     ("explain", "explain why"),
     ("explain", "explain how"),
@@ -124,8 +164,12 @@ _STACK_PHRASES = (
     ("at", "\tat "),
     ("at", "    at "),
     ("file", '  file "'),
+    ("fix", "fix this"),
+    ("fix", "fix the"),
+    ("error", "this error"),
 )
 _LATEX = re.compile(r"\\([a-zA-Z]+)")
+_INLINE_MATH = re.compile(r"\$(?:[^\s$]|[^\s$][^$\n]{0,200}?[^\s$])\$")
 _LIST_ITEM = re.compile(r"\n[ \t]*(?:\d{1,2}[.)]|[-*\u2022]) ")
 _MATH_SYMBOLS = re.compile(
     "[\u2211\u222b\u220f\u221a\u2264\u2265\u2260\u2261\u2208\u2200\u2203\u2283\u00b7\u00d7\u00f7\u03c0\u221e]"
@@ -133,16 +177,19 @@ _MATH_SYMBOLS = re.compile(
 
 
 class ComplexityFeatures(NamedTuple):
-    """Raw counts read from one request; ``vector`` turns them into the model's inputs."""
+    """Raw counts read from one request's ask; ``vector`` turns them into the model's inputs."""
 
-    chars: int = 0
-    """Characters of every non-system message (and of a completion ``prompt``)."""
-    system_chars: int = 0
-    """System (and developer) prompts are measured, not scanned: their rules read like constraints on every ask."""
+    ask_chars: int = 0
+    """Characters of the ask as read: the last user turn, or its two ends when it is long."""
+    context_chars: int = 0
+    """Everything else (system prompts, history, tool results, the middle of a long last turn): measured, not scored."""
     turns: int = 0
-    """User and assistant messages: a long conversation carries more context to keep straight."""
+    """User and assistant messages, for logs: how deep the conversation is says nothing of the ask."""
     code_blocks: int = 0
+    """Fenced blocks in the ask (one left open at a window's edge counts too)."""
     code_syntax: int = 0
+    code_task: int = 0
+    """Words that ask for software work (program, implement, a language's name)."""
     stack_trace: int = 0
     math_markup: int = 0
     math_terms: int = 0
@@ -151,20 +198,18 @@ class ComplexityFeatures(NamedTuple):
     reasoning: int = 0
     constraints: int = 0
     simple_ask: int = 0
-    """Cues of an easy ask (translate, summarize, greet) in the last user message only: it names the task."""
+    """Cues of an easy ask (translate, summarize, greet) in the ask's prose, outside code blocks."""
     tools: int = 0
-    tool_turns: int = 0
-    """Tool results and assistant tool calls already in the conversation: an agent loop in progress."""
+    """Tools the request offers: the ask may need them, however long their definitions are."""
 
     def vector(self) -> tuple[float, ...]:
         """Model inputs in ``FEATURE_NAMES`` order: log-damped so the first occurrences count most."""
         log1p = math.log1p
         return (
-            math.log2(1.0 + self.chars / 256.0),
-            math.log2(1.0 + self.system_chars / 1024.0),
-            log1p(max(0, self.turns - 1)),
+            math.log2(1.0 + self.ask_chars / 256.0),
             float(min(self.code_blocks, 3)),
             log1p(self.code_syntax),
+            log1p(self.code_task),
             log1p(self.stack_trace),
             log1p(self.math_markup),
             log1p(self.math_terms),
@@ -174,7 +219,6 @@ class ComplexityFeatures(NamedTuple):
             log1p(self.constraints),
             log1p(self.simple_ask),
             log1p(self.tools),
-            log1p(self.tool_turns),
         )
 
 
@@ -229,25 +273,26 @@ class LogisticModel:
 
 HAND_WEIGHTS = LogisticModel.from_mapping(
     {
-        "length": 1.3,
-        "system_length": 0.0,
-        "turns": 0.3,
+        "ask_length": 0.4,
         "code_blocks": 0.2,
-        "code_syntax": 0.05,
-        "stack_trace": 0.6,
-        "math_markup": 1.3,
-        "math_terms": 1.0,
-        "arithmetic": 1.2,
-        "proof": 1.9,
-        "reasoning": 1.6,
-        "constraints": 0.7,
-        "simple_ask": -1.7,
-        "tools": 1.2,
-        "tool_turns": 0.1,
+        "code_syntax": 0.1,
+        "code_task": 2.6,
+        "stack_trace": 1.4,
+        "math_markup": 2.2,
+        "math_terms": 2.6,
+        "arithmetic": 2.2,
+        "proof": 1.5,
+        "reasoning": 2.1,
+        "constraints": 0.3,
+        "simple_ask": -0.5,
+        "tools": 0.2,
     },
-    bias=-2.0,
+    bias=-1.8,
 )
-"""Set by hand from what each cue means; see tests/bench/complexity_eval.py for how it scores."""
+"""Set by hand, guided by a monotone fit on the train split of the external evaluation set (``python -m
+tests.bench.complexity_eval --fit``). A lone strong cue (a math term, an ask for code, a reasoning word) in a
+short ask lands near the threshold; an ask of any length with no cue stays below 0.35, since the window caps
+``ask_length``. ``simple_ask`` is negative by design, though the fit gives it a small positive weight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,35 +338,49 @@ def is_complex(payload: Any, threshold: float = DEFAULT_THRESHOLD) -> bool:
 
 
 def extract_features(payload: Any) -> ComplexityFeatures:
-    """Count the cues in an OpenAI chat (or completion) request; malformed parts are skipped, never raised on."""
+    """Count the cues in an OpenAI chat (or completion) request's ask; malformed parts are skipped, never raised on."""
     if not isinstance(payload, Mapping):
         return ComplexityFeatures()
-    texts: list[str] = []
-    system_chars = turns = tool_turns = 0
-    last_user = ""
+    total = turns = 0
+    ask = ""
     for message in _messages(payload):
         role = message.get("role")
         text = _content_text(message.get("content"))
-        calls = message.get("tool_calls")
-        if isinstance(calls, list):
-            tool_turns += len(calls)
-        if role in ("system", "developer"):
-            system_chars += len(text)
-            continue
-        if role in ("tool", "function"):
-            tool_turns += 1
-        elif role in ("user", "assistant"):
-            turns += 1
+        total += len(text)
         if role == "user":
-            last_user = text
-        texts.append(text)
+            ask = text
+            turns += 1
+        elif role == "assistant":
+            turns += 1
     prompt = _content_text(payload.get("prompt"))
     if prompt:
-        texts.append(prompt)
-        last_user = prompt
+        total += len(prompt)
+        ask = prompt
         turns = max(turns, 1)
-    body = "\n".join(texts)
-    return _scan(body, last_user, system_chars, turns, _tool_count(payload), tool_turns)
+    window = ask_window(ask)
+    return _scan(window, total - len(window), turns, _tool_count(payload))
+
+
+def ask_window(text: str) -> str:
+    """The part of a last turn that says what is asked: all of a short one, the two ends of a long one.
+
+    The head is the first line, where an instruction ("Fix this warning:", "Summarize this:") opens what is
+    pasted after it; the tail is the last paragraph (or else the last line), where a question follows what was
+    pasted before it. Neither reaches into the pasted material unless a line or paragraph runs on.
+    """
+    if len(text) <= ASK_WHOLE_CHARS:
+        return text
+    head = text[:ASK_HEAD_CHARS]
+    cut = head.find("\n")
+    if cut >= 0:
+        head = head[:cut]
+    tail = text[len(text) - ASK_TAIL_CHARS :].rstrip()
+    cut = tail.rfind("\n\n")
+    if cut < 0:
+        cut = tail.rfind("\n")
+    if cut >= 0:
+        tail = tail[cut + 1 :].lstrip()
+    return head + "\n" + tail
 
 
 def fit_logistic(
@@ -375,43 +434,41 @@ def _newton(rows: Sequence[Sequence[float]], ys: Sequence[float], active: Sequen
     return beta
 
 
-def _scan(body: str, last_user: str, system_chars: int, turns: int, tools: int, tool_turns: int) -> ComplexityFeatures:
-    chars = len(body)
-    body = _clip(body)
-    lower = body.lower()
-    raw = body.encode("utf-8", "replace")
+def _scan(ask: str, context_chars: int, turns: int, tools: int) -> ComplexityFeatures:
+    """Code cues are read from the whole ask; task cues from its prose, since code pasted into an ask is material."""
+    lower = ask.lower()
+    raw = ask.encode("utf-8", "replace")
     words = _word_set(raw)
-    latex = sum(1 for command in _LATEX.findall(body) if command in _LATEX_COMMANDS)
-    fences = body.count("```")
+    fences = ask.count("```")
+    if fences:
+        prose = "\n".join(ask.split("```")[::2])
+        prose_lower = prose.lower()
+        prose_raw = prose.encode("utf-8", "replace")
+        prose_words = _word_set(prose_raw)
+    else:
+        prose, prose_lower, prose_raw, prose_words = ask, lower, raw, words
+    latex = sum(1 for command in _LATEX.findall(prose) if command in _LATEX_COMMANDS)
     return ComplexityFeatures(
-        chars=chars,
-        system_chars=system_chars,
+        ask_chars=len(ask),
+        context_chars=context_chars,
         turns=turns,
         code_blocks=(fences + 1) // 2,
-        code_syntax=len(words & _CODE_WORDS) + sum(map(body.count, _CODE_TOKENS)),
+        code_syntax=len(words & _CODE_WORDS) + sum(map(ask.count, _CODE_TOKENS)),
+        code_task=len(prose_words & _CODE_TASK_WORDS) + _phrases(_CODE_TASK_PHRASES, prose_words, prose_lower),
         stack_trace=len(words & _STACK_WORDS) + _phrases(_STACK_PHRASES, words, lower),
-        math_markup=latex + (body.count("$") // 2 if latex else 0) + _math_symbols(body),
-        math_terms=len(words & _MATH_TERMS) + _phrases(_MATH_PHRASES, words, lower),
-        arithmetic=_arithmetic(raw, body),
-        proof=len(words & _PROOF_WORDS) + _phrases(_PROOF_PHRASES, words, lower),
-        reasoning=len(words & _REASONING_WORDS) + _phrases(_REASONING_PHRASES, words, lower),
-        constraints=len(_LIST_ITEM.findall(body))
-        + len(words & _CONSTRAINT_WORDS)
-        + _phrases(_CONSTRAINT_PHRASES, words, lower)
-        + body.count("10^")
-        + lower.count("o("),
-        simple_ask=_simple_ask(last_user, body, words, lower),
+        math_markup=latex + _inline_math(prose) + _math_symbols(prose),
+        math_terms=len(prose_words & _MATH_TERMS) + _phrases(_MATH_PHRASES, prose_words, prose_lower),
+        arithmetic=_arithmetic(prose_raw, prose),
+        proof=len(prose_words & _PROOF_WORDS) + _phrases(_PROOF_PHRASES, prose_words, prose_lower),
+        reasoning=len(prose_words & _REASONING_WORDS) + _phrases(_REASONING_PHRASES, prose_words, prose_lower),
+        constraints=len(_LIST_ITEM.findall(prose))
+        + len(prose_words & _CONSTRAINT_WORDS)
+        + _phrases(_CONSTRAINT_PHRASES, prose_words, prose_lower)
+        + prose.count("10^")
+        + prose_lower.count("o("),
+        simple_ask=len(prose_words & _SIMPLE_WORDS) + _phrases(_SIMPLE_PHRASES, prose_words, prose_lower),
         tools=tools,
-        tool_turns=tool_turns,
     )
-
-
-def _clip(text: str) -> str:
-    """The head and tail of a long text: the instructions and the question usually sit at the ends."""
-    if len(text) <= MAX_SCAN_CHARS:
-        return text
-    head = MAX_SCAN_CHARS // 4
-    return text[:head] + "\n" + text[len(text) - (MAX_SCAN_CHARS - head) :]
 
 
 def _word_set(raw: bytes) -> set[str]:
@@ -422,28 +479,20 @@ def _phrases(phrases: tuple[tuple[str, str], ...], words: set[str], lower: str) 
     return sum([lower.count(phrase) for gate, phrase in phrases if gate in words])
 
 
-def _arithmetic(raw: bytes, body: str) -> int:
+def _arithmetic(raw: bytes, text: str) -> int:
+    """Numbers joined by operators (a negative operand too); a bare ``0-0`` is a date or a range, not a sum."""
     shape = raw.translate(_ARITH_BYTES)
-    operators = shape.count(b"0+0") + shape.count(b"0 + 0") + shape.count(b"0 - 0")
-    return operators + body.count("^") + body.count("<=") + body.count(">=")
+    operators = sum(map(shape.count, (b"0+0", b"0 + 0", b"0 - 0", b"0 + -0", b"0 - -0")))
+    return operators + text.count("^") + text.count("<=") + text.count(">=")
 
 
-def _math_symbols(body: str) -> int:
-    return 0 if body.isascii() else len(_MATH_SYMBOLS.findall(body))
+def _math_symbols(text: str) -> int:
+    return 0 if text.isascii() else len(_MATH_SYMBOLS.findall(text))
 
 
-def _simple_ask(last_user: str, body: str, body_words: set[str], body_lower: str) -> int:
-    """Easy-task cues in the prose of the last user message: the ask names the task, pasted code does not.
-
-    Reuses the body's scan when that message is all there is and holds no code, the common case.
-    """
-    last_user = _clip(last_user)
-    if "```" in last_user:
-        last_user = "\n".join(last_user.split("```")[::2])
-    elif last_user == body:
-        return len(body_words & _SIMPLE_WORDS) + _phrases(_SIMPLE_PHRASES, body_words, body_lower)
-    words = _word_set(last_user.encode("utf-8", "replace"))
-    return len(words & _SIMPLE_WORDS) + _phrases(_SIMPLE_PHRASES, words, last_user.lower())
+def _inline_math(ask: str) -> int:
+    """``$x$``-style spans: a dollar sign hugging its text on both sides, which prices ("$4 and $5") never do."""
+    return len(_INLINE_MATH.findall(ask)) if "$" in ask else 0
 
 
 def _messages(payload: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:

@@ -1,16 +1,23 @@
-"""How well the complexity classifier separates "complex" from "simple" requests, and what it costs.
+"""How well the complexity classifier separates hard asks from easy ones, on prompts the project did not write.
 
     python -m tests.bench.complexity_eval [--threshold 0.5] [--split test] [--repeats 50] [--fit]
+        [--workloads 300]
 
-Prints, for the chosen split of ``policies/complexity_eval`` (default: test): precision, recall, F1 and accuracy
-for the "complex" class at the threshold, a threshold sweep (0.30..0.70), a per-category breakdown, and the
-classifier's latency p50/p99 in microseconds over every item of the set and for one 64k-character prompt.
-``--fit`` also fits a logistic model on the train split and reports it beside the hand weights.
+The set (policies/complexity_eval, built by tests/bench/build_complexity_eval.py from public benchmarks) has three
+groups: hard asks (labelled complex), easy asks, and long-context easy asks (an easy ask behind a long system
+prompt, chat history, pasted documents, tool definitions or tool results). For the chosen split (default: test) it
+prints the figures the unit tests hold the classifier to: recall on hard asks, the false-positive rate on
+long-context easy asks, and overall precision, recall and F1; then a threshold sweep, a per-category table, and the
+classifier's latency in microseconds (p50/p99 over every item, and for one 64k-character prompt). ``--fit`` also fits
+a logistic model on the train split and reports it beside the hand weights. ``--workloads N`` scores N requests of
+each of the gateway's own bench workloads (gsp, chat, agent) and prints the share called complex.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import hashlib
 import json
 import statistics
@@ -62,11 +69,27 @@ def load_split(name: str) -> list[dict[str, Any]]:
     return items
 
 
+@functools.cache
+def shared_texts() -> dict[str, Any]:
+    """Long texts many items share (an agent's policy and tool schemas), stored once: ``*_ref`` fields name them."""
+    with open(EVAL_DIR / "shared.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
 def request_of(item: dict[str, Any]) -> dict[str, Any]:
-    """The chat request an item stands for: its messages and, when it has them, its tools."""
-    payload: dict[str, Any] = {"messages": item["messages"]}
+    """The chat request an item stands for: its messages and, when it has them, its tools, references resolved."""
+    shared = shared_texts()
+    messages = []
+    for message in item["messages"]:
+        if "content_ref" in message:
+            message = {**message, "content": shared[message["content_ref"]]}
+            del message["content_ref"]
+        messages.append(message)
+    payload: dict[str, Any] = {"messages": messages}
     if "tools" in item:
         payload["tools"] = item["tools"]
+    elif "tools_ref" in item:
+        payload["tools"] = shared[item["tools_ref"]]
     return payload
 
 
@@ -133,26 +156,110 @@ def print_metrics(title: str, m: Metrics, threshold: float) -> None:
     )
 
 
-def print_sweep(scores: Sequence[float], labels: Sequence[bool]) -> None:
-    print("\n| threshold | precision | recall | F1 | accuracy |\n| --- | --- | --- | --- | --- |")
+class GroupRates(NamedTuple):
+    hard_recall: float
+    easy_fpr: float
+    long_context_fpr: float
+    counts: dict[str, tuple[int, int]]
+    """Group -> (items called complex, items)."""
+
+
+def group_rates(items: Sequence[dict[str, Any]], scores: Sequence[float], threshold: float) -> GroupRates:
+    """Share of each group called complex: recall for hard asks, the false-positive rate for the easy groups."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for item, score in zip(items, scores, strict=True):
+        counts[item["group"]][0] += score >= threshold
+        counts[item["group"]][1] += 1
+
+    def share(group: str) -> float:
+        flagged, total = counts[group]
+        return flagged / total if total else 0.0
+
+    return GroupRates(
+        share("hard"),
+        share("easy"),
+        share("long_context_easy"),
+        {group: (flagged, total) for group, (flagged, total) in counts.items()},
+    )
+
+
+def print_groups(rates: GroupRates) -> None:
+    hard, long, easy = (rates.counts.get(g, (0, 0)) for g in ("hard", "long_context_easy", "easy"))
+    print(
+        f"recall on hard asks {rates.hard_recall:.3f} ({hard[0]}/{hard[1]})  "
+        f"false positives on long-context easy asks {rates.long_context_fpr:.3f} ({long[0]}/{long[1]})  "
+        f"on other easy asks {rates.easy_fpr:.3f} ({easy[0]}/{easy[1]})"
+    )
+
+
+def print_sweep(items: Sequence[dict[str, Any]], scores: Sequence[float]) -> None:
+    labels = labels_of(items)
+    print(
+        "\n| threshold | precision | recall | F1 | recall on hard | FPR long-context easy | FPR easy |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |"
+    )
     for threshold in SWEEP:
         m = metrics(scores, labels, threshold)
-        print(f"| {threshold:.2f} | {m.precision:.3f} | {m.recall:.3f} | {m.f1:.3f} | {m.accuracy:.3f} |")
+        g = group_rates(items, scores, threshold)
+        print(
+            f"| {threshold:.2f} | {m.precision:.3f} | {m.recall:.3f} | {m.f1:.3f} | {g.hard_recall:.3f} | "
+            f"{g.long_context_fpr:.3f} | {g.easy_fpr:.3f} |"
+        )
 
 
 def print_categories(items: Sequence[dict[str, Any]], scores: Sequence[float], threshold: float) -> None:
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for item, score in zip(items, scores, strict=True):
-        groups[(item["label"], item["source_category"])].append(score)
+        groups[(item["group"], item["category"], item["label"])].append(score)
     print(
-        "\n| category | label | items | called complex | correct | mean score |\n| --- | --- | --- | --- | --- | --- |"
+        "\n| group | category | label | items | called complex | correct | mean score |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |"
     )
-    for (label, category), values in sorted(groups.items()):
+    for (group, category, label), values in sorted(groups.items()):
         flagged = sum(s >= threshold for s in values)
         correct = flagged if label == "complex" else len(values) - flagged
         print(
-            f"| {category} | {label} | {len(values)} | {flagged} | {correct / len(values):.0%} | "
+            f"| {group} | {category} | {label} | {len(values)} | {flagged} | {correct / len(values):.0%} | "
             f"{statistics.fmean(values):.2f} |"
+        )
+
+
+def workload_requests(kind: str, count: int) -> list[dict[str, Any]]:
+    """``count`` request bodies of the gateway's ``kind`` bench workload (gsp, chat or agent), replies filled in."""
+    from gateway.bench import text
+    from gateway.bench.config import AgentKnobs, ChatKnobs, GspKnobs
+    from gateway.bench.workloads import agent_workload, chat_workload, gsp_workload
+
+    salt = "complexity-eval"
+    builders = {
+        "gsp": lambda: (gsp_workload(GspKnobs(), salt, cycle=True), 0),
+        "chat": lambda: (chat_workload(ChatKnobs(), salt, cycle=True), ChatKnobs().output_tokens),
+        "agent": lambda: (agent_workload(AgentKnobs(), salt, cycle=True), AgentKnobs().output_tokens),
+    }
+    workload, reply_tokens = builders[kind]()
+    rng = text.rng_for(salt, "reply")
+
+    async def collect() -> list[dict[str, Any]]:
+        bodies = []
+        while len(bodies) < count:
+            spec = await workload.next()
+            if spec is None:
+                break
+            bodies.append({"messages": list(spec.messages), "max_tokens": spec.max_tokens})
+            workload.finished(spec, text.text(rng, reply_tokens))
+        return bodies
+
+    return asyncio.run(collect())
+
+
+def print_workloads(classifier: ComplexityClassifier, count: int, threshold: float) -> None:
+    print()
+    for kind in ("gsp", "chat", "agent"):
+        scores = [classifier.score(body).score for body in workload_requests(kind, count)]
+        flagged = sum(s >= threshold for s in scores)
+        print(
+            f"workload {kind}: {flagged}/{len(scores)} called complex ({flagged / len(scores):.1%}) @ {threshold:.2f}, "
+            f"max score {max(scores):.2f}"
         )
 
 
@@ -167,6 +274,7 @@ def main() -> None:
     parser.add_argument("--split", choices=("train", "test", "all"), default="test")
     parser.add_argument("--repeats", type=int, default=50, help="latency: times each item is scored")
     parser.add_argument("--fit", action="store_true", help="also fit weights on the train split and report them")
+    parser.add_argument("--workloads", type=int, default=0, help="score this many gsp, chat and agent requests")
     args = parser.parse_args()
 
     items = load_split(args.split)
@@ -176,7 +284,8 @@ def main() -> None:
     complex_count = sum(labels)
     print(f"{args.split} split: {len(items)} items, {complex_count} complex, {len(items) - complex_count} simple")
     print_metrics("hand weights", metrics(scores, labels, args.threshold), args.threshold)
-    print_sweep(scores, labels)
+    print_groups(group_rates(items, scores, args.threshold))
+    print_sweep(items, scores)
     print_categories(items, scores, args.threshold)
 
     if args.fit:
@@ -188,7 +297,10 @@ def main() -> None:
         print("hand weights:")
         print_weights(HAND_WEIGHTS)
         print_metrics("fitted", metrics(fitted_scores, labels, args.threshold), args.threshold)
-        print_sweep(fitted_scores, labels)
+        print_groups(group_rates(items, fitted_scores, args.threshold))
+
+    if args.workloads:
+        print_workloads(classifier, args.workloads, args.threshold)
 
     payloads = [request_of(item) for item in load_split("all")]
     print()
