@@ -1,16 +1,18 @@
 """How well the complexity classifier separates hard asks from easy ones, on prompts the project did not write.
 
     python -m tests.bench.complexity_eval [--threshold 0.5] [--split test] [--repeats 50] [--fit]
-        [--workloads 300]
+        [--workloads 300] [--cv]
 
 The set (policies/complexity_eval, built by tests/bench/build_complexity_eval.py from public benchmarks) has three
 groups: hard asks (labelled complex), easy asks, and long-context easy asks (an easy ask behind a long system
 prompt, chat history, pasted documents, tool definitions or tool results). For the chosen split (default: test) it
 prints the figures the unit tests hold the classifier to: recall on hard asks, the false-positive rate on
 long-context easy asks, and overall precision, recall and F1; then a threshold sweep, a per-category table, and the
-classifier's latency in microseconds (p50/p99 over every item, and for one 64k-character prompt). ``--fit`` also fits
-a logistic model on the train split and reports it beside the hand weights. ``--workloads N`` scores N requests of
-each of the gateway's own bench workloads (gsp, chat, agent) and prints the share called complex.
+classifier's latency in microseconds (p50/p99 over every item, and for one 64k-character prompt). ``--fit`` also
+refits the logistic model on the train split and reports it beside the default and the earlier hand weights.
+``--workloads N`` scores N requests of each of the gateway's own bench workloads (gsp, chat, agent) and prints the
+share called complex. ``--cv`` reads the train split only: five folds by a hash of the item id, weights refit by
+``fit_logistic`` on four and scored on the fifth, so features and cues can be chosen without touching the test split.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, NamedTuple
 from policies.complexity import (
     DEFAULT_THRESHOLD,
     FEATURE_NAMES,
+    FITTED_WEIGHTS,
     HAND_WEIGHTS,
     ComplexityClassifier,
     LogisticModel,
@@ -39,6 +42,7 @@ from policies.complexity import (
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "policies" / "complexity_eval"
 TRAIN_PERCENT = 60
+CV_FOLDS = 5
 LONG_PROMPT_CHARS = 64_000
 SWEEP = (0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70)
 
@@ -57,6 +61,11 @@ class Metrics(NamedTuple):
 def split_of(item_id: str) -> str:
     """``train`` for 60% of ids, ``test`` for the rest, fixed by a hash of the id so adding items moves none."""
     return "train" if int(hashlib.sha256(item_id.encode()).hexdigest()[:8], 16) % 100 < TRAIN_PERCENT else "test"
+
+
+def fold_of(item_id: str, folds: int = CV_FOLDS) -> int:
+    """The cross-validation fold of a train item: a salted hash of its id, so folds do not echo the split."""
+    return int(hashlib.sha256(f"cv:{item_id}".encode()).hexdigest()[:8], 16) % folds
 
 
 def load_split(name: str) -> list[dict[str, Any]]:
@@ -263,6 +272,31 @@ def print_workloads(classifier: ComplexityClassifier, count: int, threshold: flo
         )
 
 
+def cross_validate(items: Sequence[dict[str, Any]], folds: int = CV_FOLDS) -> list[float]:
+    """Each item's score from a monotone fit on the other folds: held-out scores for a model refit per fold."""
+    features = [extract_features(request_of(item)) for item in items]
+    labels = labels_of(items)
+    fold = [fold_of(item["id"], folds) for item in items]
+    scores = [0.0] * len(items)
+    for k in range(folds):
+        rest = [j for j in range(len(items)) if fold[j] != k]
+        model = fit_logistic([features[j] for j in rest], [labels[j] for j in rest])
+        for j in range(len(items)):
+            if fold[j] == k:
+                scores[j] = model.score(features[j])
+    return scores
+
+
+def print_cv(threshold: float) -> None:
+    """Cross-validated figures on the train split: the ones to choose changes by."""
+    train = load_split("train")
+    scores = cross_validate(train)
+    print(f"\n{CV_FOLDS}-fold cross-validation on the train split ({len(train)} items), weights refit per fold:")
+    print_metrics("cv", metrics(scores, labels_of(train), threshold), threshold)
+    print_groups(group_rates(train, scores, threshold))
+    print_categories(train, scores, threshold)
+
+
 def print_weights(model: LogisticModel) -> None:
     terms = "  ".join(f"{name} {weight:+.2f}" for name, weight in zip(FEATURE_NAMES, model.weights, strict=True))
     print(f"  bias {model.bias:+.2f}  {terms}")
@@ -275,7 +309,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50, help="latency: times each item is scored")
     parser.add_argument("--fit", action="store_true", help="also fit weights on the train split and report them")
     parser.add_argument("--workloads", type=int, default=0, help="score this many gsp, chat and agent requests")
+    parser.add_argument("--cv", action="store_true", help="only cross-validate on the train split (no test figures)")
     args = parser.parse_args()
+
+    if args.cv:
+        print_cv(args.threshold)
+        return
 
     items = load_split(args.split)
     labels = labels_of(items)
@@ -283,7 +322,7 @@ def main() -> None:
     scores = score_items(classifier, items)
     complex_count = sum(labels)
     print(f"{args.split} split: {len(items)} items, {complex_count} complex, {len(items) - complex_count} simple")
-    print_metrics("hand weights", metrics(scores, labels, args.threshold), args.threshold)
+    print_metrics("default model", metrics(scores, labels, args.threshold), args.threshold)
     print_groups(group_rates(items, scores, args.threshold))
     print_sweep(items, scores)
     print_categories(items, scores, args.threshold)
@@ -292,9 +331,11 @@ def main() -> None:
         train = load_split("train")
         fitted = fit_logistic([extract_features(request_of(i)) for i in train], labels_of(train))
         fitted_scores = score_items(ComplexityClassifier(fitted), items)
-        print("\nfitted on train:")
+        print("\nfitted on train now:")
         print_weights(fitted)
-        print("hand weights:")
+        print("default (fitted, rounded):")
+        print_weights(FITTED_WEIGHTS)
+        print("hand weights (earlier):")
         print_weights(HAND_WEIGHTS)
         print_metrics("fitted", metrics(fitted_scores, labels, args.threshold), args.threshold)
         print_groups(group_rates(items, fitted_scores, args.threshold))

@@ -11,7 +11,9 @@ from policies.complexity import (
     ASK_WHOLE_CHARS,
     DEFAULT_CLASSIFIER,
     DEFAULT_THRESHOLD,
+    EASING_FEATURES,
     FEATURE_NAMES,
+    FITTED_WEIGHTS,
     HAND_WEIGHTS,
     MONOTONE_FEATURES,
     ComplexityClassifier,
@@ -23,6 +25,8 @@ from policies.complexity import (
     is_complex,
 )
 from tests.bench.complexity_eval import (
+    cross_validate,
+    fold_of,
     group_rates,
     labels_of,
     load_split,
@@ -34,15 +38,20 @@ from tests.bench.complexity_eval import (
     workload_requests,
 )
 
-# Bounds for the test split of the external set at DEFAULT_THRESHOLD. Measured when the set and weights were made:
-# precision 0.894, recall 0.733 (every complex item is a hard ask, so this is also the recall on hard asks), F1
-# 0.806, and 1 of 96 long-context easy asks called complex (0.010). The recall misses the 0.8 aimed for: Arena-Hard
+# Bounds for the test split of the external set at DEFAULT_THRESHOLD, measured once with the fitted default model:
+# precision 0.898, recall 0.760 (every complex item is a hard ask, so this is also the recall on hard asks), F1
+# 0.823, and 1 of 96 long-context easy asks called complex (0.010). The recall misses the 0.8 aimed for: Arena-Hard
 # and MT-bench hard asks often carry no surface cue. The bounds sit a little past what was measured, so a tweak that
 # costs an item or two is allowed, a regression that costs a category is not.
-PRECISION_FLOOR = 0.86
-HARD_RECALL_FLOOR = 0.70
-F1_FLOOR = 0.77
+PRECISION_FLOOR = 0.87
+HARD_RECALL_FLOOR = 0.73
+F1_FLOOR = 0.79
 LONG_CONTEXT_FPR_CEILING = 0.03
+# Bounds for 5-fold cross-validation on the train split (the figures changes are chosen by): measured recall on hard
+# asks 0.825, long-context easy FPR 0.016, other easy FPR 0.100.
+CV_HARD_RECALL_FLOOR = 0.80
+CV_LONG_CONTEXT_FPR_CEILING = 0.03
+CV_EASY_FPR_CEILING = 0.11
 WORKLOAD_COMPLEX_CEILING = 0.02
 """Share of the gateway's own gsp, chat and agent bench requests (long shared prefixes) that may leave as complex."""
 
@@ -92,6 +101,29 @@ def test_task_cues_are_read_from_the_prose_not_from_pasted_code() -> None:
     assert features.proof == features.math_terms == features.reasoning == 0
     asked = extract_features(chat("Write a program in Rust that finds every prime number below n."))
     assert asked.code_task >= 2 and asked.math_terms >= 1
+
+
+def test_asks_to_build_software_are_counted_whatever_the_topic() -> None:
+    for ask in (
+        "Please write a Python function that returns the longest winning streak.",
+        "write a code to generate random password in python",
+        "Make code in a synapse notebook that deletes a folder.",
+        "Write an R shiny app that visualises the mtcars dataset.",
+    ):
+        assert extract_features(chat(ask)).build_task == 1, ask
+    for ask in (
+        "Complete the following Python function:",
+        "Write a poem about autumn.",
+        "walk make pile win tool",
+    ):
+        assert extract_features(chat(ask)).build_task == 0, ask
+
+
+def test_code_in_the_prose_is_counted_apart_from_fenced_code() -> None:
+    unfenced = extract_features(chat("let x = { a: 1 }\nx.map(z => z + 1)\nHow to fix this?"))
+    assert unfenced.inline_code >= 1 and unfenced.inline_code == unfenced.code_syntax
+    fenced = extract_features(chat("Complete this:" + CODE_BLOCK))
+    assert fenced.code_syntax >= 1 and fenced.inline_code == 0
 
 
 def test_math_markup_equations_and_proof_words_are_counted() -> None:
@@ -299,9 +331,40 @@ def test_adding_tools_never_lowers_the_score() -> None:
 
 
 def test_cues_of_complexity_have_non_negative_weights() -> None:
-    weights = dict(zip(FEATURE_NAMES, HAND_WEIGHTS.weights, strict=True))
-    assert all(weights[name] >= 0 for name in MONOTONE_FEATURES)
-    assert weights["simple_ask"] < 0
+    for model in (FITTED_WEIGHTS, HAND_WEIGHTS):
+        weights = dict(zip(FEATURE_NAMES, model.weights, strict=True))
+        assert all(weights[name] >= 0 for name in MONOTONE_FEATURES)
+        assert all(weights[name] <= 0 for name in EASING_FEATURES)
+    assert dict(zip(FEATURE_NAMES, HAND_WEIGHTS.weights, strict=True))["simple_ask"] < 0
+
+
+def test_the_default_weights_are_the_monotone_fit_on_train() -> None:
+    """The shipped weights are reproducible: a refit on the train split gives them back, up to rounding."""
+    train = load_split("train")
+    model = fit_logistic([extract_features(request_of(item)) for item in train], labels_of(train))
+    assert model.bias == pytest.approx(FITTED_WEIGHTS.bias, abs=0.01)
+    assert model.weights == pytest.approx(FITTED_WEIGHTS.weights, abs=0.01)
+    assert DEFAULT_CLASSIFIER.model is FITTED_WEIGHTS
+
+
+def test_an_easing_cue_is_never_fitted_to_raise_the_score() -> None:
+    samples = [ComplexityFeatures(simple_ask=1), ComplexityFeatures(simple_ask=1), ComplexityFeatures()]
+    model = fit_logistic(samples, [True, True, False])
+    assert dict(zip(FEATURE_NAMES, model.weights, strict=True))["simple_ask"] == 0.0
+    free = fit_logistic(samples, [True, True, False], monotone=False)
+    assert dict(zip(FEATURE_NAMES, free.weights, strict=True))["simple_ask"] > 0
+
+
+def test_cross_validation_on_train_holds_its_figures() -> None:
+    """The protocol changes are chosen by: 5 folds of the train split by id hash, weights refit on each."""
+    train = load_split("train")
+    folds = {fold_of(item["id"]) for item in train}
+    assert folds == set(range(5))
+    scores = cross_validate(train)
+    groups = group_rates(train, scores, DEFAULT_THRESHOLD)
+    assert groups.hard_recall >= CV_HARD_RECALL_FLOOR, groups
+    assert groups.long_context_fpr <= CV_LONG_CONTEXT_FPR_CEILING, groups
+    assert groups.easy_fpr <= CV_EASY_FPR_CEILING, groups
 
 
 def test_the_ask_length_alone_never_makes_a_request_complex() -> None:
@@ -415,4 +478,4 @@ def test_fitting_on_train_gives_a_monotone_model_that_generalises() -> None:
     weights = dict(zip(FEATURE_NAMES, model.weights, strict=True))
     assert all(weights[name] >= 0 for name in MONOTONE_FEATURES)
     result = metrics(score_items(ComplexityClassifier(model), test), labels_of(test), DEFAULT_THRESHOLD)
-    assert result.accuracy >= 0.82, result
+    assert result.accuracy >= 0.85, result
