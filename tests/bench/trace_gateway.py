@@ -83,9 +83,9 @@ def install(path: str) -> None:
 
     record = proxy.record_outcome
 
-    def traced_record(metrics: Any, attempt: Any, *, tenant_labels: bool) -> None:
+    def traced_record(metrics: Any, attempt: Any, *args: Any, **kwargs: Any) -> None:
         ended = time.perf_counter()
-        record(metrics, attempt, tenant_labels=tenant_labels)
+        record(metrics, attempt, *args, **kwargs)
         entry = _pending.pop(attempt.request_id, None)
         if entry is None:
             return
