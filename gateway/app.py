@@ -189,6 +189,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 state.metrics.queued.labels(backend.name).set(backend.load.queued)
                 state.metrics.running.labels(backend.name).set(backend.load.running)
                 state.metrics.kv_usage.labels(backend.name).set(backend.load.token_usage)
+        for gauge in (state.metrics.pool_rent, state.metrics.pool_rented_seconds, state.metrics.pool_busy_seconds):
+            gauge.clear()  # pools a config change removed go
         for pool in state.rent.report(time.time()):
             state.metrics.pool_rent.labels(pool.pool).set(pool.rent_usd)
             state.metrics.pool_rented_seconds.labels(pool.pool).set(pool.replica_seconds)

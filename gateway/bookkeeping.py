@@ -174,7 +174,7 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str, rent: R
             attempt.route,
             gpu_seconds,
             prompt + completion,
-            attempt.hosted_equivalent_usd,
+            attempt.hosted_equivalent_usd if reference is not None else None,
         )
     _count_cost(metrics, attempt, tenant, backend.kind)
 

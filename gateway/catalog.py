@@ -71,6 +71,10 @@ def pool_price(pool: PoolConfig, replicas: int) -> PoolPrice:
 
 def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Backend]) -> list[Backend]:
     api_key = resolve_secret(pool.api_key) if pool.api_key else None
+    # A replica request's price is the GPU time it takes from the others (gateway.accounting.rent).
+    price = pool_price(pool, 1)
+    usd_per_mtok_in = price.usd(price.gpu_seconds(1_000_000, 0))
+    usd_per_mtok_out = price.usd(price.gpu_seconds(0, 1_000_000))
     backends = []
     for index, url in enumerate(urls):
         backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"), engine_named(pool.engine))
@@ -82,10 +86,7 @@ def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Bac
         if backend.info is None or not backend.info.context_window:
             backend.context_window = pool.context_window
         backend.pool = pool.name
-        # A replica request's price is the GPU time it takes from the others (gateway.accounting.rent).
-        price = pool_price(pool, 1)
-        backend.usd_per_mtok_in = price.usd(price.gpu_seconds(1_000_000, 0))
-        backend.usd_per_mtok_out = price.usd(price.gpu_seconds(0, 1_000_000))
+        backend.usd_per_mtok_in, backend.usd_per_mtok_out = usd_per_mtok_in, usd_per_mtok_out
         backends.append(backend)
     # Replicas of a pool are the same model on the same GPUs: one shared estimate of their prefill rate
     # learns from all of them, and no replica looks faster than its twins by noise alone.

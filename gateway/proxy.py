@@ -281,8 +281,8 @@ class CompletionsHandler:
             record_outcome(
                 self._state.metrics, attempt, self._state.rent, tenant_labels=self._state.config.metrics.tenant_labels
             )
-            self._state.capacity.finished(attempt, time.perf_counter())  # after record_outcome has priced it
             book_ledger(self._state.accountant, parsed, attempt, reservation)
+            self._state.capacity.finished(attempt, time.perf_counter())  # after record_outcome has priced it
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
         """Send to the first choice; if it fails before the client saw a byte, to the next one."""

@@ -43,6 +43,9 @@ class _Usage:
     gpu_seconds: float = 0.0
     tokens: int = 0
     hosted_equivalent_usd: float = 0.0
+    """Of the requests with a baseline (a hosted model or reference price on their route)..."""
+    baselined_tokens: int = 0
+    """...and their tokens."""
 
 
 @dataclass(slots=True)
@@ -83,7 +86,10 @@ class PoolRent:
     busy_seconds: float
     tokens: int
     hosted_equivalent_usd: float
-    """What the requests this pool served would have cost on their routes' hosted models."""
+    """What the requests this pool served would have cost on their routes' hosted models (or reference prices),
+    for the requests whose route has one..."""
+    baselined_tokens: int
+    """...and their tokens."""
     by_tenant: Mapping[str, Share]
     by_route: Mapping[str, Share]
 
@@ -103,16 +109,18 @@ class PoolRent:
 
     @property
     def hosted_usd_per_mtok(self) -> float | None:
-        """What a million of the same tokens cost on the routes' hosted models."""
-        return self.hosted_equivalent_usd / self.tokens * 1e6 if self.tokens else None
+        """What a million of the same tokens cost on the routes' hosted models (tokens with a baseline only)."""
+        return self.hosted_equivalent_usd / self.baselined_tokens * 1e6 if self.baselined_tokens else None
 
     @property
     def break_even_utilization(self) -> float | None:
         """The utilization at which this pool's tokens cost what the hosted model charges for them: traffic grows
-        with utilization, the rent does not."""
-        if not self.hosted_equivalent_usd or not self.busy_seconds:
+        with utilization, the rent does not. Judged on the hosted price per token of the traffic with a
+        baseline, applied to all of it."""
+        hosted = self.hosted_usd_per_mtok
+        if not hosted or not self.busy_seconds:
             return None
-        return self.utilization * self.rent_usd / self.hosted_equivalent_usd
+        return self.utilization * self.rent_usd / (hosted * self.tokens / 1e6)
 
 
 class RentBook:
@@ -142,9 +150,10 @@ class RentBook:
         return book.price if book is not None else None
 
     def used(
-        self, pool: str, tenant: str, route: str, gpu_seconds: float, tokens: int, hosted_equivalent_usd: float
+        self, pool: str, tenant: str, route: str, gpu_seconds: float, tokens: int, hosted_equivalent_usd: float | None
     ) -> None:
-        """A request ``pool`` served took ``gpu_seconds`` of it."""
+        """A request ``pool`` served took ``gpu_seconds`` of it; ``hosted_equivalent_usd`` is None when its route
+        has no baseline to compare with."""
         book = self._pools.get(pool)
         if book is None:
             return
@@ -153,7 +162,9 @@ class RentBook:
             usage = book.usage[(tenant, route)] = _Usage()
         usage.gpu_seconds += gpu_seconds
         usage.tokens += tokens
-        usage.hosted_equivalent_usd += hosted_equivalent_usd
+        if hosted_equivalent_usd is not None:
+            usage.hosted_equivalent_usd += hosted_equivalent_usd
+            usage.baselined_tokens += tokens
 
     def report(self, now: float) -> list[PoolRent]:
         return [_report(book, now) for book in self._pools.values()]
@@ -182,6 +193,7 @@ def _report(book: _PoolBook, now: float) -> PoolRent:
         busy_seconds=busy,
         tokens=sum(u.tokens for u in book.usage.values()),
         hosted_equivalent_usd=sum(u.hosted_equivalent_usd for u in book.usage.values()),
+        baselined_tokens=sum(u.baselined_tokens for u in book.usage.values()),
         by_tenant=_shares(by_tenant, rent, busy),
         by_route=_shares(by_route, rent, busy),
     )

@@ -63,6 +63,7 @@ def at_capacity(window: ReplicaWindow) -> bool:
         and window.saturated >= window.samples
         and window.finished >= MIN_WINDOW_REQUESTS
         and window.met_slo >= SLO_SHARE * window.finished
+        and window.output_tokens > 0
     )
 
 

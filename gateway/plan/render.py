@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -14,12 +15,15 @@ JSON_VERSION = 1
 
 
 def clean_floats(value: Any) -> Any:
-    """JSON without float noise (12 significant digits): 1439999.9999999998 requests/day is 1440000.0."""
+    """JSON without float noise (12 significant digits): 1439999.9999999998 requests/day is 1440000.0; a figure
+    that is not a number (a replica's NaN gauge) is null."""
     if isinstance(value, dict):
         return {key: clean_floats(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [clean_floats(item) for item in value]
-    return float(f"{value:.12g}") if isinstance(value, float) else value
+    if isinstance(value, float):
+        return float(f"{value:.12g}") if math.isfinite(value) else None
+    return value
 
 
 def to_json(plan: Plan) -> dict[str, Any]:

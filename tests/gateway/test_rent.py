@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.accounting.rent import PoolPrice, RentBook
 from gateway.config import parse_config
 from gateway.dashboard.data import dashboard_data
 from gateway.state import build_state
@@ -76,3 +77,18 @@ def test_tenants_shares_add_up_to_the_rent(tmp_path: Path) -> None:
         gateway.stop()
         for replica in replicas:
             replica.stop()
+
+
+def test_traffic_without_a_baseline_claims_no_hosted_price() -> None:
+    """Requests of a route with neither a hosted model nor a reference price say nothing about what hosted
+    would cost: the pool's hosted price per token and break-even come from the other traffic only."""
+    book = RentBook([PoolPrice("pool", 2, USD_PER_HOUR, 20_000, 1_000)], now=0.0)
+    book.used("pool", "t", "no-baseline", gpu_seconds=36.0, tokens=1_000_000, hosted_equivalent_usd=None)
+    (pool,) = book.report(3600.0)
+    assert pool.hosted_usd_per_mtok is None and pool.break_even_utilization is None
+    assert pool.utilization == 36.0 / 7200 and pool.rent_usd == 6.0
+    book.used("pool", "t", "priced", gpu_seconds=36.0, tokens=1_000_000, hosted_equivalent_usd=9.0)
+    (pool,) = book.report(3600.0)
+    assert pool.hosted_usd_per_mtok == 9.0, "per token of the traffic with a baseline"
+    # Break-even: all 2M tokens at $9/Mtok would be $18 against $6 of rent at 1% utilization: a third of it.
+    assert pool.break_even_utilization == pytest.approx(0.01 * 6.0 / 18.0)
