@@ -107,6 +107,10 @@ class LivePlan:
     pressure_s: float
     sustain_s: float
 
+    @property
+    def recommended_cost_per_day(self) -> float:
+        return self.recommended_replicas * self.gpu_usd_per_hour * HOURS_PER_DAY
+
 
 def plan_pool(pool: dict[str, Any]) -> LivePlan:
     """The plan of one pool of a capacity report (``gateway.capacity.api.report_json``'s shape)."""
@@ -177,7 +181,7 @@ def to_json(url: str, report: dict[str, Any], plans: list[LivePlan]) -> dict[str
                     "rps_per_replica": p.fleet.rps_per_replica if p.fleet else None,
                     "replicas": p.fleet.replicas if p.fleet else None,
                     "gpu_cost_per_day": p.fleet.cost_per_day if p.fleet else None,
-                    "recommended_cost_per_day": p.recommended_replicas * p.gpu_usd_per_hour * HOURS_PER_DAY,
+                    "recommended_cost_per_day": p.recommended_cost_per_day,
                     "hosted_cost_per_day": p.hosted.cost_per_day if p.hosted else None,
                     "overflow_requests": p.overflow_requests,
                     "overflow_usd": p.overflow_usd,
@@ -221,10 +225,9 @@ def _pool_rows(p: LivePlan, window: str, lookback: str) -> list[tuple[str, str, 
         f"queue {p.queue_depth}, KV {pct(round(p.kv_usage, 3))}, pressure for {p.pressure_s:.0f} of {p.sustain_s:g} s"
     )
     row("recommended", f"{p.recommended_replicas}", f"the gateway's figure ({p.reason}); {pressure}")
-    rent = p.recommended_replicas * p.gpu_usd_per_hour * HOURS_PER_DAY
     row(
         "replicas per day",
-        usd(rent),
+        usd(p.recommended_cost_per_day),
         f"{p.recommended_replicas} x {usd(p.gpu_usd_per_hour)}/replica-hour x {HOURS_PER_DAY} h",
     )
     if p.hosted is not None and p.hosted_prices is not None and traffic is not None:
