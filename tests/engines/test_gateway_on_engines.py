@@ -82,11 +82,21 @@ def plain(world: World, tmp_path_factory: pytest.TempPathFactory) -> RunningProc
 REPLICA_KEY = "sk-replica-secret"
 
 
-def world_gateway(world: World, urls: list[str], log_dir: Path, **pool: Any) -> RunningProcess:
+QUICK_HEALTH = {"interval_s": 0.25, "timeout_s": 1.0, "unhealthy_after": 2, "generation_check_s": 5}
+"""Probes that take a hung replica out within seconds."""
+
+PATIENT_HEALTH = {**QUICK_HEALTH, "timeout_s": 10.0}
+"""Probes for tests about something else: on a small machine an idle replica's server, starved of CPU by its
+busy sibling, can take over a second to answer, and a quick gateway rightly takes it out meanwhile."""
+
+
+def world_gateway(
+    world: World, urls: list[str], log_dir: Path, health: dict[str, Any] = QUICK_HEALTH, **pool: Any
+) -> RunningProcess:
     config = gateway_config([])
     config["pools"] = [world.pool(urls, **pool)]
     config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
-    config["health"] = {"interval_s": 0.25, "timeout_s": 1.0, "unhealthy_after": 2, "generation_check_s": 5}
+    config["health"] = health
     return start_gateway(config, log_dir)
 
 
@@ -191,8 +201,18 @@ def test_prefixes_stay_on_the_replica_that_holds_them(gateway: RunningProcess) -
             assert answer.usage.prompt_tokens_details.cached_tokens > 0.8 * answer.usage.prompt_tokens
 
 
-def test_replica_load_is_scraped_and_steers_new_requests(gateway: RunningProcess, pair: list[RunningProcess]) -> None:
+@pytest.fixture
+def patient_gateway(world: World, pair: list[RunningProcess], tmp_path: Path) -> Iterator[RunningProcess]:
+    proc = world_gateway(world, [r.url for r in pair], tmp_path, health=PATIENT_HEALTH)
+    yield proc
+    proc.stop()
+
+
+def test_replica_load_is_scraped_and_steers_new_requests(
+    patient_gateway: RunningProcess, pair: list[RunningProcess]
+) -> None:
     """Another client's long generations on one replica show in its scraped load; least_load avoids it."""
+    gateway = patient_gateway
     stop = threading.Event()
 
     def other_client() -> None:
