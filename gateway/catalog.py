@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.engines import Engine, engine_named
-from backends.hosted import HostedModel, PriceOverride
+from backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
 from backends.prefill_rate import PrefillRateEstimator
 from backends.registry import Backend
 from gateway.accounting.rent import PoolPrice
@@ -138,16 +138,22 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
         if provider_of(hosted.model) is None
     ]
     if unknown:
-        raise ConfigError("; ".join(f"{path}: {message}" for path, message in unknown), unknown)
-    models = {}
-    for hosted in config.hosted_models:
+        raise ConfigError.listing(unknown)
+    models, unpriced = {}, []
+    for i, hosted in enumerate(config.hosted_models):
         override = PriceOverride(hosted.input_per_mtok, hosted.output_per_mtok, hosted.cached_input_per_mtok)
-        models[hosted.name] = HostedModel(
+        model = HostedModel(
             name=hosted.name,
             litellm_model=hosted.model,
             api_base=hosted_urls[hosted.name] if hosted.simulated is not None else hosted.api_base,
             api_key=resolve_secret(hosted.api_key) if hosted.api_key else None,
             timeout_s=hosted.timeout_s,
             connect_timeout_s=config.timeouts.connect_s,
-        ).with_price(override)
+        )
+        try:
+            models[hosted.name] = model.with_price(override)
+        except UnknownModelPrice as exc:
+            unpriced.append((f"hosted_models.{i}.model", str(exc)))
+    if unpriced:
+        raise ConfigError.listing(unpriced)
     return models

@@ -496,6 +496,11 @@ class ConfigError(Exception):
         self.problems = problems or []
         """Each problem as (field path, message), for the admin API to list."""
 
+    @classmethod
+    def listing(cls, problems: list[tuple[str, str]], prefix: str = "") -> ConfigError:
+        """One error for several problems, each as ``path: message``."""
+        return cls(prefix + "; ".join(f"{path}: {message}" for path, message in problems), problems)
+
 
 def load_config(path: Path) -> GatewayConfig:
     """Read and validate ``path``; raise :class:`ConfigError` with every problem listed."""

@@ -137,7 +137,7 @@ class LiveConfig:
         if config.secrets.env is None:  # else checked with the config itself
             problems += env_problems(raw, self._startup_env)
         if problems:
-            raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
+            raise ConfigError.listing(problems, "config: ")
         return config
 
     def _apply(
@@ -165,7 +165,7 @@ class LiveConfig:
         had, or whose destination changed (rather than a model without its key, or a key sent somewhere new)."""
         restored, problems = unredact(raw, self._secrets, (self._running_raw.get("state") or {}).get("redis_url"))
         if problems:
-            raise ConfigError("config: " + "; ".join(f"{p}: {m}" for p, m in problems), problems)
+            raise ConfigError.listing(problems, "config: ")
         return restored
 
     # -- start-up, the file and other processes ------------------------------------------------------------

@@ -127,7 +127,7 @@ class TenantDirectory:
             elif digest:
                 self._admins[digest] = Admin(digest[:12], digest)
         if problems:
-            raise ConfigError("; ".join(f"{path}: {message}" for path, message in problems), problems)
+            raise ConfigError.listing(problems)
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))
 
     def authenticate(self, authorization: str | None) -> Tenant:

@@ -389,6 +389,15 @@ def test_a_version_that_dropped_a_simulated_backend_can_be_rolled_back(tmp_path:
                 "message": "litellm knows no provider for 'nosuchprovider/x' (e.g. openai/gpt-4o)",
             }
         ]
+        # A model litellm can place but has no price for: refused until the config prices it.
+        changed["hosted_models"][0]["model"] = "openai/no-such-model"
+        changed["hosted_models"][0].update(input_per_mtok=None, output_per_mtok=None)
+        refused = put(proc, changed)
+        assert refused.status_code == 422, refused.text
+        [problem] = refused.json()["problems"]
+        assert problem["path"] == "hosted_models.0.model" and "set input_per_mtok" in problem["message"]
+        changed["hosted_models"][0].update(input_per_mtok=1, output_per_mtok=2)
+        assert put(proc, changed).status_code == 200
     finally:
         proc.stop()
 
