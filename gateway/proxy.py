@@ -167,6 +167,7 @@ class CompletionsHandler:
                 headers={"retry-after": "1"},
             ) from None
         except OverCapacity as exc:
+            self._state.capacity.refused(attempt)
             raise ApiError(
                 429,
                 f"'{route.name}' is at capacity: {exc}. Retry later.",

@@ -88,7 +88,8 @@ class PoolMeasures:
     replicas: int
     healthy_replicas: int
     peak_rps: float
-    """Requests its replicas served plus those spilled to hosted as overflow, highest window mean."""
+    """Requests its replicas served plus those spilled to hosted as overflow or refused as over capacity, highest
+    window mean."""
     peak_age_s: float
     """How long ago the peak window ended."""
     mean_rps: float
@@ -96,6 +97,8 @@ class PoolMeasures:
     overflow_requests: float
     overflow_usd: float
     """What the overflow spilled to hosted cost (at the providers' prices)."""
+    refused_requests: float
+    """Refused with 429 ``over_capacity``: a route that rejects what it cannot serve within the SLO."""
     mean_input_tokens: float | None
     mean_output_tokens: float | None
     """``None`` until a request with usage has been counted."""

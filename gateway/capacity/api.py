@@ -87,6 +87,7 @@ def _pool_json(advice: PoolAdvice, settings: CapacityConfig) -> dict[str, Any]:
             "requests": m.requests,
             "overflow_requests": m.overflow_requests,
             "overflow_usd": m.overflow_usd,
+            "refused_requests": m.refused_requests,
             "mean_input_tokens": m.mean_input_tokens,
             "mean_output_tokens": m.mean_output_tokens,
         },

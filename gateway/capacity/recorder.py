@@ -32,9 +32,11 @@ class _PoolSeries:
     """A pool's demand by arrival time, in buckets a tenth of a rate window wide."""
 
     demand: BucketSeries
-    """Requests its replicas served plus those spilled to hosted as overflow (shared among the route's pools)."""
+    """Requests its replicas served, plus those spilled to hosted as overflow or refused as over capacity (shared
+    among the route's pools)."""
     overflow: BucketSeries
     overflow_usd: BucketSeries
+    refused: BucketSeries
     sized: BucketSeries
     """Of ``demand``, the requests whose usage came back: the denominator of the token means."""
     input_tokens: BucketSeries
@@ -42,7 +44,7 @@ class _PoolSeries:
 
     @classmethod
     def new(cls, width_s: float, slots: int) -> _PoolSeries:
-        return cls(*(BucketSeries(width_s, slots) for _ in range(6)))
+        return cls(*(BucketSeries(width_s, slots) for _ in range(7)))
 
 
 @dataclass(slots=True)
@@ -189,6 +191,15 @@ class CapacityRecorder:
             replica.finished.add(now)
             replica.met_slo.add(now, 1.0 if verdict else 0.0)
 
+    def refused(self, attempt: Attempt) -> None:
+        """Count a request refused because no backend was predicted to meet its SLO (a route that rejects what
+        it cannot serve in time): demand its route's pools did not have the capacity for, as an overflow is."""
+        pools = [name for name in self._overflowed_pools(attempt) if name in self._pools]
+        for name in pools:
+            series = self._pools[name]
+            series.demand.add(attempt.started, 1.0 / len(pools))
+            series.refused.add(attempt.started, 1.0 / len(pools))
+
     def _overflowed_pools(self, attempt: Attempt) -> list[str]:
         """The pools an overflow spill was demand of: its route's that serve its tenant (its dedicated ones, or
         those dedicated to nobody)."""
@@ -259,6 +270,7 @@ class CapacityRecorder:
             requests=sum(demand),
             overflow_requests=series.overflow.total(now),
             overflow_usd=series.overflow_usd.total(now),
+            refused_requests=series.refused.total(now),
             mean_input_tokens=series.input_tokens.total(now) / sized if sized else None,
             mean_output_tokens=series.output_tokens.total(now) / sized if sized else None,
             configured_output_tps=pool.output_tokens_per_s,

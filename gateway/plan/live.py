@@ -102,6 +102,7 @@ class LivePlan:
     """The measured mean traffic on the hosted API, when the pool's routes have a hosted price."""
     overflow_requests: float
     overflow_usd: float
+    refused_requests: float
     queue_depth: int
     kv_usage: float
     pressure_s: float
@@ -142,6 +143,7 @@ def plan_pool(pool: dict[str, Any]) -> LivePlan:
         hosted=hosted_cost,
         overflow_requests=demand["overflow_requests"],
         overflow_usd=demand["overflow_usd"],
+        refused_requests=demand.get("refused_requests", 0.0),
         queue_depth=pressure["queue_depth"],
         kv_usage=pressure["kv_usage"],
         pressure_s=pressure["for_s"],
@@ -185,6 +187,7 @@ def to_json(url: str, report: dict[str, Any], plans: list[LivePlan]) -> dict[str
                     "hosted_cost_per_day": p.hosted.cost_per_day if p.hosted else None,
                     "overflow_requests": p.overflow_requests,
                     "overflow_usd": p.overflow_usd,
+                    "refused_requests": p.refused_requests,
                     "fleet": asdict(p.fleet) if p.fleet else None,
                     "hosted": asdict(p.hosted) if p.hosted else None,
                 }
@@ -238,6 +241,8 @@ def _pool_rows(p: LivePlan, window: str, lookback: str) -> list[tuple[str, str, 
             f"{usd(p.hosted_prices.input_per_mtok)}/M in, {usd(p.hosted_prices.output_per_mtok)}/M out",
         )
     row("overflow to hosted", usd(p.overflow_usd), f"{p.overflow_requests:,.0f} requests in the last {lookback}")
+    if p.refused_requests:
+        row("refused", f"{p.refused_requests:,.0f}", f"requests turned away as over capacity in the last {lookback}")
     return rows
 
 

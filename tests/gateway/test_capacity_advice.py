@@ -146,3 +146,36 @@ def test_capacity_needs_the_metrics_token(fed: RunningProcess) -> None:
     wrong = _plan_from(fed, "--token", "sk-wrong-token", token=None)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
     assert "refused the metrics token" in wrong.stderr
+
+
+def test_requests_refused_as_over_capacity_are_demand(tmp_path: Path) -> None:
+    """A route that rejects what no backend is predicted to serve within the SLO: each 429 it answers is demand
+    the pool lacked the replicas for, counted in the advice as a spill to hosted would be."""
+    replica = start_replica(tmp_path, "--time-scale", "0.2")
+    config = gateway_config([replica.url])
+    config["hosted_models"] = [
+        {
+            "name": "frontier",
+            "model": "openai/m",
+            "api_base": "http://127.0.0.1:9/v1",
+            "api_key": "sk-provider",
+            "input_per_mtok": 3,
+            "output_per_mtok": 15,
+        }
+    ]
+    config["routes"].append({"name": "strict", "targets": ["pool", "frontier"], "spill": {"on_slo_miss": "reject"}})
+    config["tenants"][0]["slo"] = {"ttft_ms": 0.001}  # no backend can answer that fast: every request is refused
+    config["metrics"] = {"token": METRICS_TOKEN}
+    gateway = start_gateway(config, tmp_path)
+    try:
+        headers = {"authorization": f"Bearer {TENANT_KEY}"}
+        body = {"model": "strict", "messages": [{"role": "user", "content": "Summarize the ticket."}], "max_tokens": 8}
+        for _ in range(12):
+            refused = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "over_capacity"
+        demand = _capacity(gateway)["pools"][0]["demand"]
+        assert demand["refused_requests"] == demand["requests"] == 12
+        assert demand["overflow_requests"] == 0 and demand["peak_rps"] > 0
+    finally:
+        gateway.stop()
+        replica.stop()

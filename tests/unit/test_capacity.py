@@ -153,6 +153,16 @@ def test_overflow_spills_are_demand_complex_ones_are_not() -> None:
     assert advice.recommended == 18
 
 
+def test_refused_requests_are_demand_of_the_route_pools_serving_the_tenant() -> None:
+    pool = Pool()
+    for i in range(30):
+        pool.recorder.refused(Attempt(request_id=str(i), started=i / 10, route="both", tenant=TENANT))
+    assert pool.advice(4.0).measures.refused_requests == pytest.approx(15)
+    assert pool.advice(4.0).measures.requests == pytest.approx(15)
+    assert pool.advice(4.0, pool="other").measures.refused_requests == pytest.approx(15)
+    assert pool.advice(4.0).measures.overflow_requests == 0
+
+
 def test_overflow_of_a_route_over_two_pools_is_shared_between_them() -> None:
     pool = Pool()
     pool.serve(0.0, 10, 10, served_by=HOSTED, reason="overflow", route="both")

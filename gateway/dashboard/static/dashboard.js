@@ -164,7 +164,7 @@ function renderCapacity(data) {
   const why = { demand: "peak demand", pressure: "sustained pressure", min_replicas: "warm minimum" };
   fill("panel-capacity",
     table(["pool", "replicas", "recommended", "because", "peak demand", "per replica", "headroom", "queued",
-      "KV", "pressure for", "overflow spills", "their cost"],
+      "KV", "pressure for", "overflow spills", "their cost", "refused"],
     c.pools.map((p) => ({
       cells: [p.pool, cell(p.replicas, "count", `capacity.${p.pool}.replicas`),
         cell(p.recommended_replicas, "count", `capacity.${p.pool}.recommended`), why[p.reason] || p.reason,
@@ -176,10 +176,12 @@ function renderCapacity(data) {
         cell(p.pressure.kv_usage, "pct", `capacity.${p.pool}.kv_usage`),
         el("td", {}, `${Math.round(p.pressure.for_s)} of ${Math.round(p.pressure.sustain_s)} s`),
         cell(p.demand.overflow_requests, "count", `capacity.${p.pool}.overflow_requests`),
-        cell(p.demand.overflow_usd, "usd", `capacity.${p.pool}.overflow_usd`)],
+        cell(p.demand.overflow_usd, "usd", `capacity.${p.pool}.overflow_usd`),
+        cell(p.demand.refused_requests, "count", `capacity.${p.pool}.refused_requests`)],
     }))),
     message(`peak: the highest mean arrival rate over ${c.rate_window_s} s within the last ${c.lookback_s} s; ` +
-      "spilled overflow is what not having the replicas cost meanwhile"));
+      "spilled overflow is what not having the replicas cost meanwhile; refused: turned away as over capacity " +
+      "(429), counted as demand too"));
 }
 
 function renderSavings(data) {
