@@ -1,7 +1,7 @@
 # `make demo` runs the gateway on its embedded default; `make test` runs the whole suite.
 # Both create .venv when it is missing and install into it.
 # `make test-engines` runs the real-engine tier: real SGLang and vLLM on this machine's CPU, installed once into
-# venvs in a cache directory outside the repo (`make engines`; see README, Real engines).
+# venvs in a cache directory outside the repo (`make engines`; see docs/testing.md).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

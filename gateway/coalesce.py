@@ -31,7 +31,7 @@ theirs to compute, so requests sharing it wait for them as above. The replica do
 prompts are sent as a batch forms, and reach the replica while that batch runs.
 
 Streamed requests only: a whole (non-streamed) response shows its first token when it ends, far too late to
-tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gsp`` (README).
+tell when its prefill did. Measured with ``tests.bench.compare_routers`` on ``gsp`` (docs/performance.md).
 
 Gateway processes sharing Redis tell each other which new prefixes they have sent and not yet seen start
 (:mod:`cache.shared_index`), so a request reaching another process waits for that prefill too: without it,

@@ -204,7 +204,7 @@ class SpillConfig(Strict):
 
 class AffinityConfig(Strict):
     """``cache_aware``'s affinity guard: when a request may leave the replicas holding its prefix. Unset fields
-    keep the policy's defaults (README, Routing policies)."""
+    keep the policy's defaults (docs/routing.md, the affinity guard)."""
 
     min_share: float | None = Field(
         default=None, ge=0, le=1, description="a cached prefix under this share of the prompt binds nothing"

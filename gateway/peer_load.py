@@ -4,7 +4,8 @@ Behind a load balancer, several gateway processes send to the same replicas. Eac
 exactly (in flight, uncached prompt tokens not yet past the first token, output still to come) and would
 predict TTFT from its share of every queue alone: the replicas' scraped counts show the others only every
 probe interval, and as request counts, not queued prefill. Measured on ``compare_routers --gateways 2``, the
-predictions' median stayed right but their spread doubled, and the TTFT tail grew 1.3-1.9x (README).
+predictions' median stayed right but their spread doubled, and the TTFT tail grew (docs/multi-process.md has
+the current figures).
 
 So every ``interval_s`` each process writes its counts into one Redis hash, a field per process, and reads
 the others' in the same round trip; their sums go onto each :class:`~backends.registry.Backend`, and every

@@ -108,7 +108,7 @@ def make_world(name: str) -> Iterator[World]:
     else:
         installed = installed_already((name,))
         if installed is None:
-            reason = f"real {name} is not installed here: run `make engines` (see README, Real engines)"
+            reason = f"real {name} is not installed here: run `make engines` (see docs/testing.md)"
             if os.environ.get("SPILLGATE_REQUIRE_ENGINES"):
                 pytest.fail(reason)
             pytest.skip(reason)

@@ -139,7 +139,8 @@ def test_an_idle_keep_alive_connection_outlives_uvicorns_default(gateway: Runnin
 
 def test_a_hosted_model_without_a_price_fails_fast_with_the_field_path(tmp_path: Path) -> None:
     hosted = {"name": "frontier", "model": "openai/no-such-model", "api_key": "sk-x"}
-    config = {"hosted_models": [hosted], "routes": [{"name": "r", "targets": ["frontier"]}], "auth": {"required": False}}
+    routes = [{"name": "r", "targets": ["frontier"]}]
+    config = {"hosted_models": [hosted], "routes": routes, "auth": {"required": False}}
     path = tmp_path / "unpriced.yaml"
     path.write_text(yaml.safe_dump(config))
     result = run_serve(path)
