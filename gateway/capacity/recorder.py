@@ -165,7 +165,7 @@ class CapacityRecorder:
         if backend.kind == "replica":
             pools: Sequence[str] = (backend.pool,)
         elif attempt.reason == "overflow":
-            pools = self._overflowed_pools(attempt)
+            pools = self._unserved_pools(attempt)
         else:
             return
         pools = [name for name in pools if name in self._pools]
@@ -194,15 +194,15 @@ class CapacityRecorder:
     def refused(self, attempt: Attempt) -> None:
         """Count a request refused because no backend was predicted to meet its SLO (a route that rejects what
         it cannot serve in time): demand its route's pools did not have the capacity for, as an overflow is."""
-        pools = [name for name in self._overflowed_pools(attempt) if name in self._pools]
+        pools = [name for name in self._unserved_pools(attempt) if name in self._pools]
         for name in pools:
             series = self._pools[name]
             series.demand.add(attempt.started, 1.0 / len(pools))
             series.refused.add(attempt.started, 1.0 / len(pools))
 
-    def _overflowed_pools(self, attempt: Attempt) -> list[str]:
-        """The pools an overflow spill was demand of: its route's that serve its tenant (its dedicated ones, or
-        those dedicated to nobody)."""
+    def _unserved_pools(self, attempt: Attempt) -> list[str]:
+        """The pools a request their replicas did not serve (spilled as overflow, refused) was demand of: its
+        route's that serve its tenant (its dedicated ones, or those dedicated to nobody)."""
         own = attempt.tenant.dedicated_pools if attempt.tenant is not None else frozenset()
         route = self._route_pools.get(attempt.route, ())
         return [pool for pool in route if (pool in own if own else pool not in self._dedicated)]
