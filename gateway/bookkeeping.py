@@ -1,21 +1,26 @@
 """What a finished request leaves behind: its metrics, its price, and its ledger entry.
 
-Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`price_cut_off`, :func:`record_outcome`
-and then :func:`book_ledger` once per request, whatever its outcome: the price the first two set is what the
-third books, so the spend metrics and the ledger agree.
+Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`book_dispatch` before a request is
+sent, and :func:`price_cut_off`, :func:`record_outcome` and then :func:`book_ledger` once it ends, whatever its
+outcome: the price the first two set is what the third books, so the spend metrics and the ledger agree.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Accountant, LedgerEntry, Reservation
+from gateway.accounting.records import KILLED, new_id
 from gateway.accounting.rent import RentBook
 from gateway.exchange import Attempt
 from gateway.metrics import ALL_TENANTS, GatewayMetrics
 from gateway.validation import ParsedRequest
 from policies.prediction import predicted_ttft
+
+if TYPE_CHECKING:
+    from gateway.state import GatewayState
 
 
 def record_outcome(metrics: GatewayMetrics, attempt: Attempt, rent: RentBook, *, tenant_labels: bool) -> None:
@@ -54,15 +59,53 @@ def _judge_prediction(metrics: GatewayMetrics, attempt: Attempt) -> None:
         metrics.ttft_prediction.labels(chosen).observe((attempt.first_token_at - attempt.started) / predicted)
 
 
+def book_dispatch(
+    state: GatewayState,
+    parsed: ParsedRequest,
+    attempt: Attempt,
+    candidates: Sequence[str],
+    reservation: Reservation | None,
+) -> str:
+    """Before the request is sent, write ahead what it is booked at should this process be killed before it
+    ends: its worst case (``attempt.worst_case_usd``) on the costliest of ``candidates``, outcome
+    ``gateway_killed``. Returns the id its :func:`book_ledger` entry must carry to replace that."""
+    entry_id = reservation.id if reservation is not None else new_id()
+    if attempt.tenant is None or not candidates:
+        return entry_id
+    backends = (state.registry[name] for name in candidates)
+    costliest = max(backends, key=lambda b: (b.usd_per_mtok_out, b.usd_per_mtok_in))
+    worst_case = LedgerEntry(
+        request_id=attempt.request_id,
+        time=time.time(),
+        tenant=attempt.tenant.name,
+        route=attempt.route,
+        backend=costliest.name,
+        kind=costliest.kind,
+        prompt_tokens=parsed.prompt_tokens,
+        cost_usd=attempt.worst_case_usd,
+        hosted_equivalent_usd=attempt.worst_case_usd,
+        outcome=KILLED,
+        entry_id=entry_id,
+    )
+    state.accountant.dispatched(worst_case, reservation)
+    return entry_id
+
+
 def book_ledger(
-    accountant: Accountant, parsed: ParsedRequest, attempt: Attempt, reservation: Reservation | None
+    accountant: Accountant,
+    parsed: ParsedRequest,
+    attempt: Attempt,
+    reservation: Reservation | None,
+    entry_id: str = "",
 ) -> None:
-    """Every request that reached a backend is booked, whatever its outcome; one that did not gives its
-    reservation back."""
+    """Every request that reached a backend is booked, whatever its outcome, under ``entry_id`` (from
+    :func:`book_dispatch`; a reservation's id is its own); one that did not gives its reservation back."""
     backend = attempt.served_by
     if backend is None or attempt.tenant is None:
         if reservation is not None:
             accountant.release_soon(reservation)
+        elif entry_id:
+            accountant.abandon(entry_id)
         return
     usage = attempt.usage or {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -84,6 +127,7 @@ def book_ledger(
         cost_usd=cost,
         hosted_equivalent_usd=attempt.hosted_equivalent_usd if attempt.hosted_equivalent_usd is not None else cost,
         outcome=attempt.outcome,
+        entry_id=entry_id,
     )
     if reservation is not None:
         accountant.settle_soon(reservation, entry)

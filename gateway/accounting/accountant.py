@@ -159,7 +159,23 @@ class Accountant:
         """:meth:`release` from synchronous code, like :meth:`settle_soon`."""
         if entry is not None:
             self.ledger.journal(self._own(reservation, entry), reservation.id if reservation.shared else "")
+        else:
+            self.ledger.abandoned(reservation.id)
         self._in_background(self.release(reservation, entry))
+
+    def dispatched(self, worst_case: LedgerEntry, reservation: Reservation | None) -> None:
+        """Before a request is sent: ``worst_case`` is booked (through the ledger, then Redis, like any entry)
+        should this process be killed before the request ends. Its real entry, settled through
+        ``reservation`` (or recorded with ``worst_case.entry_id``), replaces it; without one, :meth:`abandon`.
+        A few microseconds, and never waits."""
+        if reservation is None:
+            self.ledger.opened(worst_case)
+        else:  # its replay drops the hold, wherever it was made (dropping one Redis never had is harmless)
+            self.ledger.opened(self._own(reservation, worst_case), reservation.id if self.shared is not None else "")
+
+    def abandon(self, entry_id: str) -> None:
+        """The request :meth:`dispatched` without a reservation ended without an entry."""
+        self.ledger.abandoned(entry_id)
 
     def record_soon(self, entry: LedgerEntry) -> None:
         """:meth:`record` from synchronous code, like :meth:`settle_soon`. Embedded, nothing awaits, so it is

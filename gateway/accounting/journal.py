@@ -35,20 +35,10 @@ class Journal:
 
     def recover(self) -> list[list[object]]:
         """Every row a previous process journaled (some may be committed already), and a fresh segment."""
-        rows: list[list[object]] = []
-        # Segments of a process still running (one sharing this directory) are its own to commit.
-        leftovers = [path for path in self._directory.glob(f"{self._stem}.*.journal") if not _alive(_owner(path))]
-        leftovers.sort(key=lambda path: (_owner(path), _number(path)))
-        for path in leftovers:
-            for line in path.read_bytes().splitlines():
-                try:
-                    row = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue  # the last line of a killed process may be cut short: it never completed
-                if isinstance(row, list):
-                    rows.append(row)
+        leftovers = leftover_segments(self._directory, f"{self._stem}.*.journal")
+        rows = read_rows(leftovers)
         self._leftovers = leftovers
-        self._segment = 1
+        self._segment = first_free_segment(leftovers)
         self._open_segment()
         return rows
 
@@ -102,6 +92,35 @@ class Journal:
 
     def _path(self, segment: int) -> Path:
         return self._directory / f"{self._stem}.{os.getpid()}-{segment}.journal"
+
+
+def leftover_segments(directory: Path, pattern: str) -> list[Path]:
+    """Segments (``<stem>.<pid>-<n>.<suffix>``) whose process is gone, oldest first. A process still running
+    (one sharing this directory) commits its own."""
+    leftovers = [path for path in directory.glob(pattern) if not _alive(_owner(path))]
+    leftovers.sort(key=lambda path: (_owner(path), _number(path)))
+    return leftovers
+
+
+def read_rows(paths: Iterable[Path]) -> list[list[object]]:
+    """The JSON array lines of ``paths``, in order."""
+    rows: list[list[object]] = []
+    for path in paths:
+        for line in path.read_bytes().splitlines():
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # the last line of a killed process may be cut short: it never completed
+            if isinstance(row, list):
+                rows.append(row)
+    return rows
+
+
+def first_free_segment(leftovers: Iterable[Path]) -> int:
+    """This process's first segment number: after any leftover of an earlier process that had this pid (a
+    container's gateway is often pid 1), whose files are deleted once recovered and must not be reopened."""
+    mine = [_number(path) for path in leftovers if _owner(path) == os.getpid()]
+    return max(mine, default=0) + 1
 
 
 def _owner(path: Path) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .idle_worker import IdleWorker
+from .inflight import InFlight
 from .journal import Journal
 from .records import ENTRY_FIELDS, LedgerEntry
 
@@ -90,6 +91,8 @@ class Ledger:
         self._task: asyncio.Task[None] | None = None
         self._writer = IdleWorker("spillgate-ledger")
         self._journal = Journal(self.path.parent, self.path.stem)
+        self._inflight = InFlight(self.path.parent, self.path.stem)
+        self._compacting: asyncio.Task[None] | None = None
         self.failing = False
         """The last commit failed (disk full, the file locked or read-only): entries wait in memory, nothing
         is dropped, and the gateway reports itself degraded until a commit succeeds."""
@@ -102,16 +105,19 @@ class Ledger:
     async def start(self, now: float) -> None:
         await asyncio.to_thread(self._open, now)
         self._task = asyncio.create_task(self._write_forever(), name="spillgate-ledger-writer")
+        self._compacting = asyncio.create_task(self._inflight.compact_forever(), name="spillgate-ledger-inflight")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._task, self._compacting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._compacting = None
         try:
             await self.flush()
             self._journal.close()
+            self._inflight.close_file()
         finally:
             await asyncio.to_thread(self._writer.shutdown)
         with self._db_lock:
@@ -127,13 +133,24 @@ class Ledger:
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
         journaled = [tuple(row) for row in self._journal.recover() if len(row) == len(_COLUMNS) + 2]
-        if journaled:  # a killed process's last entries: those already committed are ignored
+        unfinished = [tuple(row) for row in self._inflight.recover() if len(row) == len(_COLUMNS) + 2]
+        if journaled or unfinished:
+            # A killed process's last entries (those already committed are ignored), then its requests that
+            # never ended, at their worst case: one whose real entry is in the ledger by now is ignored too.
             with _transaction(db):
                 db.executemany(_INSERT, journaled)
+                before = db.total_changes
+                db.executemany(_INSERT, unfinished)
+                killed = db.total_changes - before
             log.warning(
-                "ledger %s: recovered %d journaled entries of a process that did not stop", self.path, len(journaled)
+                "ledger %s: recovered %d journaled entries and %d requests cut off (booked at their worst case) "
+                "of a process that did not stop",
+                self.path,
+                len(journaled),
+                killed,
             )
         self._journal.recovered()
+        self._inflight.recovered()
         db.execute("DELETE FROM entries WHERE time < ?", (now - self.retain_s,))
         (stored,) = db.execute("SELECT COUNT(*) FROM entries WHERE shipped = 0").fetchone()
         with self._db_lock:
@@ -151,6 +168,16 @@ class Ledger:
         """Hand ``entry`` to the kernel at once (:mod:`.journal`), before it is settled and appended: a killed
         process's entries are recovered at the next start. A few microseconds, and never waits."""
         self._journal.write((*_ROW_FIELDS(entry), hold_id, 0), entry.entry_id)
+        self._inflight.close(entry.entry_id)
+
+    def opened(self, entry: LedgerEntry, hold_id: str = "") -> None:
+        """A request is about to be sent: ``entry`` (its worst case) is booked should this process be killed
+        before the request's own entry is journaled with the same id (:mod:`.inflight`). Never waits."""
+        self._inflight.open(entry.entry_id, (*_ROW_FIELDS(entry), hold_id, 0))
+
+    def abandoned(self, entry_id: str) -> None:
+        """The request :meth:`opened` ended without an entry: nothing is booked for it."""
+        self._inflight.abandon(entry_id)
 
     def append(self, entry: LedgerEntry, *, shipped: bool, hold_id: str = "") -> None:
         """Queue ``entry``; ``shipped`` when Redis already counted it, else ``hold_id`` is the Redis hold

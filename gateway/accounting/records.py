@@ -12,6 +12,10 @@ if TYPE_CHECKING:
 
 BackendKind = Literal["replica", "hosted"]
 
+KILLED = "gateway_killed"
+"""The outcome of a request its gateway process was killed while serving: booked at its worst case by the
+next start (:mod:`.inflight`)."""
+
 
 def new_id() -> str:
     """A random id, unique without coordination: reservation and ledger ids are never client-supplied."""
