@@ -10,7 +10,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from backends.engines import EngineName
-from gateway.egress import env_problems, host_allowed
+from gateway.egress import env_problems, url_problems
+from gateway.plain_data import non_json_problems
 from policies.engine import Policy, with_weights
 from policies.plugins import PrefixAffinityScorer
 from policies.registry import build_policy
@@ -116,6 +117,31 @@ class HealthConfig(Strict):
     unhealthy_after: int = Field(default=2, ge=1, description="failed liveness checks in a row")
     generation_check_s: float = Field(
         default=10.0, ge=0, description="how often to run the engine's generation check, if it has one (0: never)"
+    )
+
+
+class OutlierConfig(Strict):
+    """Passive outlier detection: replicas that fail real requests in a row leave rotation for a while, even
+    while their liveness probe passes; and how many fallbacks the gateway may send (its retry budget)."""
+
+    consecutive_failures: int = Field(
+        default=5,
+        ge=1,
+        description="failed requests in a row (unreachable, broken or invalid response, 5xx, silent past "
+        "timeouts.read_s) that eject a replica",
+    )
+    base_ejection_s: float = Field(default=10.0, gt=0, description="first ejection's length; doubles per repeat")
+    max_ejection_s: float = Field(default=300.0, gt=0, description="longest ejection")
+    max_ejected_percent: float = Field(
+        default=50.0, ge=0, le=100, description="most of a pool's replicas ejected at once (a pool of one: none)"
+    )
+    retry_budget_ratio: float = Field(
+        default=0.2, ge=0, description="fallbacks allowed as a share of requests over retry_budget_window_s"
+    )
+    retry_budget_min_per_s: float = Field(default=1.0, ge=0, description="fallbacks always allowed, per second")
+    retry_budget_window_s: float = Field(default=10.0, ge=1, le=300)
+    retry_backoff_s: float = Field(
+        default=0.05, ge=0, le=5, description="a fallback waits a random time up to this before it is sent"
     )
 
 
@@ -393,7 +419,8 @@ class SecretsConfig(Strict):
     upstream_hosts: list[str] | None = Field(
         default=None,
         description="hosts (api.openai.com, *.internal) and networks (10.0.0.0/8) that replica and hosted "
-        "model URLs may point to (default: any)",
+        "model URLs may point to, and where a key may be sent beyond its start-up destinations (default: the "
+        "hosts the config at start points to; no key widened)",
     )
 
 
@@ -402,6 +429,7 @@ class GatewayConfig(Strict):
     limits: LimitsConfig = LimitsConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
     health: HealthConfig = HealthConfig()
+    outlier: OutlierConfig = OutlierConfig()
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -418,17 +446,11 @@ class GatewayConfig(Strict):
 def egress_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     """URLs outside ``secrets.upstream_hosts``, and ``os.environ/`` names outside ``secrets.env``."""
     problems: list[tuple[str, str]] = []
-    hosts = config.secrets.upstream_hosts
-    if hosts is not None:
-        for i, pool in enumerate(config.pools):
-            for j, url in enumerate(pool.replicas):
-                if not host_allowed(url, hosts):
-                    problems.append((f"pools.{i}.replicas.{j}", f"{url} is not in secrets.upstream_hosts"))
-        for i, hosted in enumerate(config.hosted_models):
-            if hosted.api_base is not None and not host_allowed(hosted.api_base, hosts):
-                problems.append((f"hosted_models.{i}.api_base", f"{hosted.api_base} is not in secrets.upstream_hosts"))
+    raw = config.model_dump()
+    if config.secrets.upstream_hosts is not None:
+        problems += url_problems(raw, config.secrets.upstream_hosts, default=False)
     if config.secrets.env is not None:
-        problems += env_problems(config.model_dump(), config.secrets.env)
+        problems += env_problems(raw, config.secrets.env)
     return problems
 
 
@@ -522,6 +544,9 @@ def parse_config(raw: object, *, source: str = "<config>") -> GatewayConfig:
     if not isinstance(raw, dict):
         problem = ("(top level)", f"expected a mapping at the top level, got {type(raw).__name__}")
         raise ConfigError(f"{source}: {problem[1]}", [problem])
+    problems = non_json_problems(raw)
+    if problems:
+        raise ConfigError(_format(source, problems), problems)
     try:
         config = GatewayConfig.model_validate(raw)
     except ValidationError as exc:

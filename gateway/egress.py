@@ -8,7 +8,7 @@ provider's key) nor read an arbitrary environment variable through ``os.environ/
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,3 +61,105 @@ def env_problems(raw: Any, allowed: Iterable[str]) -> list[tuple[str, str]]:
         for path, name in env_references(raw)
         if name not in allowed
     ]
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``, with the scheme's default port made explicit: where a request goes."""
+    parts = urlsplit(url)
+    scheme = (parts.scheme or "http").lower()
+    host = (parts.hostname or "").lower().rstrip(".")
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return f"{scheme}://{host}:{port}"
+
+
+def upstream_urls(raw: Any) -> Iterator[tuple[str, str]]:
+    """Every replica URL and hosted ``api_base`` in a raw config, as (field path, URL)."""
+    if not isinstance(raw, dict):
+        return
+    for i, pool in enumerate(raw.get("pools") or []):
+        replicas = pool.get("replicas") if isinstance(pool, dict) else None
+        for j, url in enumerate(replicas if isinstance(replicas, list) else []):
+            if isinstance(url, str):
+                yield f"pools.{i}.replicas.{j}", url
+    for i, hosted in enumerate(raw.get("hosted_models") or []):
+        if isinstance(hosted, dict) and isinstance(hosted.get("api_base"), str):
+            yield f"hosted_models.{i}.api_base", hosted["api_base"]
+
+
+def startup_hosts(raw: Any) -> list[str]:
+    """The hosts the config at start sends requests to: ``secrets.upstream_hosts`` when it does not say."""
+    return sorted({(urlsplit(url).hostname or "").lower().rstrip(".") for _, url in upstream_urls(raw)} - {""})
+
+
+def url_problems(raw: Any, hosts: Iterable[str], *, default: bool) -> list[tuple[str, str]]:
+    """The replica URLs and ``api_base``s in ``raw`` whose host is not one of ``hosts``."""
+    hosts = list(hosts)
+    what = "secrets.upstream_hosts (by default the hosts of the config at start)" if default else None
+    return [
+        (path, f"{url} is not in {what or 'secrets.upstream_hosts'}")
+        for path, url in upstream_urls(raw)
+        if not host_allowed(url, hosts)
+    ]
+
+
+def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> Iterator[tuple[str, str, str]]:
+    """Every provider or replica key in a raw config with each place it is sent, as (field path, key as
+    written, destination): a replica's origin, a hosted model's ``api_base`` origin, or its provider's own API
+    (``provider openai``) when it has no ``api_base``; simulated ones stay on this machine."""
+    if not isinstance(raw, dict):
+        return
+    for section in ("pools", "hosted_models"):
+        for i, entry in enumerate(raw.get(section) or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("api_key"), str):
+                continue
+            path = f"{section}.{i}.api_key"
+            if entry.get("simulated") is not None:
+                yield path, entry["api_key"], f"simulated {entry.get('name')}"
+            if section == "pools":
+                replicas = entry.get("replicas")
+                for url in replicas if isinstance(replicas, list) else []:
+                    yield path, entry["api_key"], origin(str(url))
+            elif isinstance(entry.get("api_base"), str):
+                yield path, entry["api_key"], origin(entry["api_base"])
+            elif entry.get("simulated") is None:
+                model = str(entry.get("model"))
+                yield path, entry["api_key"], f"provider {provider_of(model) or model}"
+
+
+class SecretBindings:
+    """Where each secret of the config at start may be sent: the destinations it was configured with, and the
+    hosts ``secrets.upstream_hosts`` lists. An edit cannot point one elsewhere, so a stolen admin key cannot have
+    a provider's or a replica's key (literal, or ``os.environ/NAME``, which the admin API shows as written) sent
+    to a listener of its choosing. A variable the start names for another use (a tenant key) is sent nowhere, not
+    even to a listed host."""
+
+    def __init__(
+        self, startup_raw: Any, upstream_hosts: list[str] | None, provider_of: Callable[[str], str | None]
+    ) -> None:
+        self._provider_of = provider_of
+        self._hosts = upstream_hosts or []
+        self._bound: dict[str, set[str]] = {f"{ENV_PREFIX}{name}": set() for _, name in env_references(startup_raw)}
+        for _, key, where in secret_destinations(startup_raw, provider_of):
+            self._bound.setdefault(key, set()).add(where)
+
+    def problems(self, raw: Any) -> list[tuple[str, str]]:
+        """Each key in ``raw`` (secrets restored) that would be sent somewhere it was not bound to at start."""
+        problems: list[tuple[str, str]] = []
+        for path, key, where in secret_destinations(raw, self._provider_of):
+            allowed = self._bound.get(key)
+            if allowed is None or where in allowed or (allowed and self._widened(where)):
+                continue
+            message = f"this key may not be sent to {where}: it was configured at start for "
+            message += ", ".join(sorted(allowed)) if allowed else "no upstream"
+            message += " (send another key, or list the host in secrets.upstream_hosts at start)"
+            if (path, message) not in problems:
+                problems.append((path, message))
+        return problems
+
+    def _widened(self, where: str) -> bool:
+        return where.startswith(("http://", "https://")) and host_allowed(where, self._hosts)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 import yaml
 
+from backends.hosted.client import provider_of
 from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.config_history import (
@@ -31,7 +32,8 @@ from gateway.config_history import (
     redact,
     unredact,
 )
-from gateway.egress import env_problems, env_references
+from gateway.egress import SecretBindings, env_problems, env_references, startup_hosts, url_problems
+from gateway.plain_data import non_json_problems
 from gateway.secrets import MissingSecret
 from gateway.tasks import stop_if_cancelled
 from gateway.tenants import resolve_key
@@ -69,6 +71,10 @@ class LiveConfig:
         self._lock = asyncio.Lock()
         self._file_sha = file_digest(path.read_text()) if path else None
         self._startup_raw = raw
+        self._startup_hosts = startup_hosts(raw)
+        """Where the config at start sends requests: the hosts an edit may use unless ``secrets.upstream_hosts``
+        says otherwise."""
+        self._bindings = SecretBindings(raw, state.config.secrets.upstream_hosts, provider_of)
         self._startup_env = {name for _, name in env_references(raw)}
         """The environment variables the config at start names: the only ones an edit may name, unless
         ``secrets.env`` lists others."""
@@ -103,6 +109,9 @@ class LiveConfig:
         ``keeping_admin`` the digest of the admin key an API change was made with, which it must keep: an edit
         that dropped it would lock its author out of the admin API, rollback included."""
         async with self._lock:
+            problems = non_json_problems(raw)
+            if problems:  # before anything copies it as JSON
+                raise ConfigError.listing(problems, "config: ")
             if isinstance(raw, dict):
                 # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
                 kept = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
@@ -136,6 +145,9 @@ class LiveConfig:
         problems = restart_problems(self._started, config)
         if config.secrets.env is None:  # else checked with the config itself
             problems += env_problems(raw, self._startup_env)
+        if config.secrets.upstream_hosts is None:  # else checked with the config itself
+            problems += url_problems(raw, self._startup_hosts, default=True)
+        problems += self._bindings.problems(raw)
         if problems:
             raise ConfigError.listing(problems, "config: ")
         return config

@@ -414,3 +414,31 @@ def test_a_yaml_alias_bomb_is_refused_at_once(gateway: tuple[RunningProcess, Pat
     )
     assert response.status_code == 400 and "aliases" in response.json()["error"]["message"]
     assert backend_of(proc) == "blue-0"  # and the gateway still serves
+
+
+@pytest.mark.parametrize(
+    ("line", "path"),
+    [
+        ("  note: !!binary aGVsbG8=", "routes.0.note"),
+        ("  note: !!set {a: null}", "routes.0.note"),
+        ("  note: !!timestamp 2026-12-03", "routes.0.note"),
+        ("  note: 2026-12-03", "routes.0.note"),
+        ("  1: one", "routes.0"),
+        ("  note: .nan", "routes.0.note"),
+    ],
+)
+def test_yaml_beyond_json_is_refused_by_its_path(gateway: tuple[RunningProcess, Path], line: str, path: str) -> None:
+    """Bytes, sets, dates, non-string keys and NaN mean nothing in a config: a 422 naming where, not a 500."""
+    proc, _ = gateway
+    shown = current(proc)["config"]
+    document = yaml.safe_dump(shown).replace("- name: chat\n", "- name: chat\n" + line + "\n", 1)
+    assert line in document
+    response = httpx.put(
+        proc.url + "/admin/config",
+        content=document.encode(),
+        headers={**ADMIN, "content-type": "application/yaml"},
+        timeout=30,
+    )
+    assert response.status_code == 422, response.text
+    assert [p["path"] for p in response.json()["problems"]] == [path]
+    assert backend_of(proc) == "blue-0"

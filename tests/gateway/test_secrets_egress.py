@@ -82,7 +82,7 @@ def test_secrets_are_redacted_and_a_plain_round_trip_keeps_them(gateway: Running
 def test_a_redacted_key_is_not_restored_onto_a_new_destination(gateway: RunningProcess) -> None:
     shown = current(gateway)["config"]
     moved = copy.deepcopy(shown)
-    moved["hosted_models"][0]["api_base"] = "https://collector.example/v1"
+    moved["hosted_models"][0]["api_base"] = "https://api.openai.com/collector/v1"
     assert "send the key again" in problems(put(gateway, moved))["hosted_models.0.api_key"]
     other_model = copy.deepcopy(shown)
     other_model["hosted_models"][0]["model"] = "anthropic/claude-sonnet-4-5"
@@ -90,9 +90,11 @@ def test_a_redacted_key_is_not_restored_onto_a_new_destination(gateway: RunningP
     new_replica = copy.deepcopy(shown)
     new_replica["pools"][0]["replicas"].append(f"http://127.0.0.1:{free_port()}")
     assert "send the key again" in problems(put(gateway, new_replica))["pools.0.api_key"]
-    # With the key sent again, the admin knows it already: accepted.
+    # With the key sent again, the admin knows it already: accepted, to a host the config at start uses.
     moved["hosted_models"][0]["api_key"] = "sk-a-key-the-admin-has"
     assert put(gateway, moved).status_code == 200
+    moved["hosted_models"][0]["api_base"] = "https://collector.example/v1"
+    assert "upstream_hosts" in problems(put(gateway, moved))["hosted_models.0.api_base"]
 
 
 def test_an_edit_may_name_only_the_environment_variables_named_at_start(gateway: RunningProcess) -> None:
@@ -100,9 +102,10 @@ def test_an_edit_may_name_only_the_environment_variables_named_at_start(gateway:
     home = copy.deepcopy(shown)
     home["hosted_models"][0]["api_key"] = "os.environ/HOME"
     assert "secrets.env" in problems(put(gateway, home))["hosted_models.0.api_key"]
+    # A variable named at start, but as a tenant key: sent to no upstream.
     named = copy.deepcopy(shown)
     named["hosted_models"][0]["api_key"] = "os.environ/SPILLGATE_TEST_TOKEN"
-    assert put(gateway, named).status_code == 200
+    assert "no upstream" in problems(put(gateway, named))["hosted_models.0.api_key"]
     widen = copy.deepcopy(shown) | {"secrets": {"env": ["HOME", "SPILLGATE_TEST_TOKEN"]}}
     assert "restart" in problems(put(gateway, widen))["secrets"]
 
