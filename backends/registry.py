@@ -20,6 +20,7 @@ import httpx
 
 from backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
 from backends.engines.base import Get
+from backends.outlier import Breaker, OutlierRules
 from backends.prefill_rate import PrefillRateEstimator
 from policies.types import BackendKind, BackendState, Snapshot
 
@@ -45,6 +46,8 @@ class Backend:
     lost_connection: bool = False
     """A probe since the last good one could not connect at all: the process may have been restarted."""
     unhealthy_until: float = 0.0
+    breaker: Breaker = field(default_factory=Breaker)
+    """Passive outlier detection from real requests (:mod:`backends.outlier`): out while ejected, probes or not."""
     pool: str = ""
     """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
     in_flight: int = 0
@@ -136,7 +139,7 @@ class Backend:
             (
                 self.name,
                 self.kind,
-                self.healthy and now >= self.unhealthy_until,
+                self.healthy and now >= self.unhealthy_until and now >= self.breaker.ejected_until,
                 in_flight,
                 load.running,
                 load.queued,
@@ -225,9 +228,12 @@ class BackendRegistry:
         unhealthy_after: int,
         generation_check_s: float = 0.0,
         events: ReplicaEvents | None = None,
+        outlier: OutlierRules | None = None,
     ) -> None:
         """``generation_check_s``: how often to run the engines' generation checks (0: never)."""
         self._backends = {b.name: b for b in backends}
+        self.outlier = outlier or OutlierRules()
+        """Thresholds of passive outlier detection; a config change may replace them."""
         self._events = events
         self._interval_s = interval_s
         self._timeout_s = timeout_s
@@ -258,12 +264,48 @@ class BackendRegistry:
         now = time.monotonic()
         return any(b.state(now).healthy for b in self._backends.values())
 
-    def report_failure(self, backend: Backend, reason: str) -> None:
-        """A request could not reach ``backend``: take it out of rotation until a probe says otherwise."""
+    def request_failed(self, backend: Backend, reason: str, *, unreachable: bool = False) -> bool:
+        """A request to ``backend`` failed (``unreachable``: it could not even connect). Returns whether this
+        ejected the replica (:mod:`backends.outlier`), for the caller to count and log."""
         backend.last_error = reason
-        backend.unhealthy_until = time.monotonic() + self._interval_s * self._unhealthy_after
+        if unreachable:
+            # Until a probe says otherwise: the process may be gone, there is no point waiting for a breaker.
+            backend.unhealthy_until = time.monotonic() + self._interval_s * self._unhealthy_after
+            if backend.kind == "replica":
+                backend.healthy = False
+        if backend.kind != "replica":
+            return False
+        now = time.monotonic()
+        rules = self.outlier
+        pool = [b for b in self._backends.values() if b.kind == "replica" and b.pool == backend.pool]
+        out = sum(1 for b in pool if b is not backend and b.breaker.shown(now) != "closed")
+        ejected = backend.breaker.failed(rules, now, reason, may_eject=rules.may_eject(len(pool), out))
+        if ejected:
+            log.warning(
+                "replica %s ejected for %gs after %d failed request(s) in a row (ejection %d in a row): %s",
+                backend.name,
+                backend.breaker.ejected_until - now,
+                backend.breaker.consecutive,
+                backend.breaker.ejections,
+                reason,
+            )
+        return ejected
+
+    def request_succeeded(self, backend: Backend) -> None:
+        """``backend`` answered a request properly: its failures in a row end, a half-open trial passes."""
         if backend.kind == "replica":
-            backend.healthy = False
+            if backend.breaker.state == "half_open":
+                log.info("replica %s passed its trial request: back in rotation", backend.name)
+            backend.breaker.succeeded()
+
+    def dispatched(self, backend: Backend) -> bool:
+        """A request is being sent to ``backend``; returns whether it is a half-open trial, which must end in
+        :meth:`request_failed`, :meth:`request_succeeded` or :meth:`trial_abandoned`."""
+        return backend.kind == "replica" and backend.breaker.dispatched(time.monotonic())
+
+    def trial_abandoned(self, backend: Backend) -> None:
+        """A trial request ended without telling anything (the client left): the next request tries instead."""
+        backend.breaker.abandoned()
 
     async def start(self) -> None:
         """Probe once before serving, so ``/ready`` and the first decisions see real state."""

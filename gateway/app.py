@@ -215,4 +215,20 @@ def _replica_health(backend: Backend) -> dict[str, object]:
         "engine": backend.engine.name,
         "capabilities": info.capabilities() if info is not None else None,
         "degraded": list(info.missing) if info is not None else [],
+        "outlier": _outlier_health(backend, time.monotonic()),
+    }
+
+
+def _outlier_health(backend: Backend, now: float) -> dict[str, object]:
+    """Passive outlier detection's view of a replica (:mod:`backends.outlier`): ``ejected`` while out of
+    rotation for failing real requests, whatever its probes say."""
+    breaker = backend.breaker
+    shown = breaker.shown(now)
+    return {
+        "state": shown,
+        "ejected": shown == "ejected",
+        "ejected_for_s": round(breaker.ejected_until - now, 1) if shown == "ejected" else 0.0,
+        "consecutive_failures": breaker.consecutive,
+        "ejections": breaker.total_ejections,
+        "last_failure": breaker.last_failure or None,
     }

@@ -79,6 +79,19 @@ class GatewayMetrics:
             "Completions refused with 503 because limits.max_in_flight requests were already in flight.",
             registry=self.registry,
         )
+        self.ejections = Counter(
+            "spillgate_backend_ejections",
+            "Replicas taken out of rotation by passive outlier detection: outlier.consecutive_failures failed "
+            "requests in a row, or a failed trial after an ejection (backends.outlier).",
+            ("backend",),
+            registry=self.registry,
+        )
+        self.fallbacks_refused = Counter(
+            "spillgate_fallbacks_refused",
+            "Requests that failed before the client saw a byte and were not sent to another backend because the "
+            "retry budget (outlier.retry_budget_*) was spent.",
+            registry=self.registry,
+        )
         self.spend = Counter(
             "spillgate_spend_usd",
             "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from backends.hosted.scrub import scrub
 from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
@@ -41,8 +42,9 @@ from gateway.exchange import (
     send_json,
 )
 from gateway.hosted_relay import HostedRelay
+from gateway.retry_budget import jittered_backoff
 from gateway.routes import Route
-from gateway.sse import EventRelay, carries_text
+from gateway.sse import EventRelay, InvalidEvent, carries_text
 from gateway.state import GatewayState
 from gateway.tenants import Tenant
 from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -52,10 +54,11 @@ log = logging.getLogger("spillgate.proxy")
 
 _UPSTREAM_STATUS = {"connect": 502, "protocol": 502, "timeout": 504}
 _FAILURES = {
-    "connect": "could not be reached",
-    "protocol": "broke off or sent an invalid response",
-    "timeout": "sent nothing for longer than the gateway's read timeout",
+    "connect": "The backend could not be reached.",
+    "protocol": "The backend broke off or sent an invalid response.",
+    "timeout": "The backend sent nothing for longer than the gateway's read timeout.",
 }
+"""What a client is told; which replica failed, and how, goes to the log (replica names are internal)."""
 _MAX_ATTEMPTS = 2
 _ASSUMED_OUTPUT_TOKENS = 256
 """Output length booked for a request that sets no max_tokens."""
@@ -286,18 +289,23 @@ class CompletionsHandler:
             self._state.capacity.finished(attempt, time.perf_counter())  # after record_outcome has priced it
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
-        """Send to the first choice; if it fails before the client saw a byte, to the next one."""
+        """Send to the first choice; if it fails before the client saw a byte, to the next one (after a short
+        jittered wait, and only while the retry budget allows: a sick fleet is not sent everything twice)."""
         registry = self._state.registry
+        self._state.retries.request(time.monotonic())
         error: ApiError | None = None
         for index, name in enumerate(decision.ranked[:_MAX_ATTEMPTS]):
             backend = registry[name]
             first = index == 0
+            if not first and not await self._may_fall_back(backend, index):
+                break
             if first and backend.kind == "replica" and attempt.stream:
                 # Before the backend is named: a client that leaves while held was never served.
                 await self._await_shared_prefill(backend, attempt)
             attempt.first_token_at = 0.0
             attempt.usage = None
             self._book(backend, parsed, attempt, may_hold=first)
+            trial = False
             try:
                 if attempt.lead is not None and attempt.lead.released is not None:
                     await self._await_release(backend, attempt)  # booked, but not named until sent
@@ -311,18 +319,39 @@ class CompletionsHandler:
                     if outcome == "ok" and attempt.stream:
                         self._observe_tpot(backend, attempt)  # hosted TTFT/TPOT predictions learn from this
                     return outcome
+                trial = registry.dispatched(backend)
                 return await self._serve_replica(backend, parsed, attempt, send)
             except TryElsewhere as failure:
                 error = failure.error
                 if not failure.retryable:
                     break
             finally:
+                if trial:
+                    registry.trial_abandoned(backend)  # no verdict (the client left): the next request tries
                 self._settle(backend, attempt, prefilled=bool(attempt.first_token_at))
         assert error is not None
         await send_error(send, attempt, error)
         return "error"
 
+    async def _may_fall_back(self, backend: Backend, attempt_number: int) -> bool:
+        """Whether the next candidate may take a request the previous one failed, after a jittered wait: not if it
+        left rotation since the decision, nor past the retry budget."""
+        state = self._state
+        now = time.monotonic()
+        if not backend.state(now).healthy:
+            return False
+        if not state.retries.try_retry(now):
+            state.metrics.fallbacks_refused.inc()
+            log.warning("retry budget spent: not falling back to %s", backend.name)
+            return False
+        backoff = jittered_backoff(state.config.outlier.retry_backoff_s, attempt_number)
+        if backoff > 0:
+            await asyncio.sleep(backoff)
+        return True
+
     async def _serve_replica(self, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send) -> str:
+        """Send the request to a replica and relay its answer. Everything that goes wrong before the client has
+        seen a byte may be tried on another candidate; every answer tells the replica's outlier detection."""
         payload = parsed.payload
         prepare_replica_payload(payload, backend.served_model, attempt.tenant, backend.engine.owned_fields)
         if parsed.stream:
@@ -333,32 +362,48 @@ class CompletionsHandler:
                 backend.base_url, self._upstream_path, orjson.dumps(payload), backend.request_headers
             )
         except HttpError as exc:
-            if exc.kind == "connect":
-                self._state.registry.report_failure(backend, str(exc))
-            # Only a refused connection is surely unprocessed; a timeout may still be generating.
-            raise TryElsewhere(_upstream_error(exc, backend.name), retryable=exc.kind == "connect") from None
+            # Nothing reached the client: a timeout may still be generating, but closing the connection aborts it.
+            raise TryElsewhere(self._replica_failed(backend, exc), retryable=True) from None
         try:
             if response.status >= 500:
+                failure = f"answered {response.status}"
+                self._replica_failed(backend, failure)
                 raise TryElsewhere(
-                    ApiError(502, f"Backend {backend.name} answered {response.status}.", code="backend_error"),
-                    retryable=True,
+                    ApiError(502, f"The backend answered {response.status}.", code="backend_error"), retryable=True
                 )
             if response.status in (401, 403):
                 # The gateway's own key was refused, not the client's: a misconfigured pool, worth another replica.
                 log.warning(
                     "backend %s refused the gateway's key (%s): check the pool's api_key", backend.name, response.status
                 )
+                self._replica_failed(backend, f"refused the gateway's key ({response.status})")
                 raise TryElsewhere(
-                    ApiError(502, f"Backend {backend.name} refused the gateway's credentials.", code="backend_auth"),
+                    ApiError(502, "The backend refused the gateway's credentials.", code="backend_auth"),
                     retryable=True,
                 )
             if response.status >= 400:
+                self._state.registry.request_succeeded(backend)  # an answer about the request: the replica works
                 return await self._relay_client_error(response, attempt, send)
             if parsed.stream:
                 return await self._relay_stream(response, backend, parsed, attempt, send)
             return await self._relay_whole(response, backend, attempt, send)
         finally:
             response.close()
+
+    def _replica_failed(self, backend: Backend, failure: HttpError | InvalidEvent | str) -> ApiError:
+        """Tell the replica's outlier detection a request failed there (counting an ejection if it was one), log
+        which and why, and return what the client is told: neither the replica's name nor its words."""
+        if isinstance(failure, HttpError):
+            error = _upstream_error(failure, backend.name)
+            reason = f"{failure.kind}: {failure}"
+        else:
+            error = ApiError(502, "The backend sent an invalid response.", code="backend_invalid_response")
+            reason = f"invalid response: {failure}"
+            log.warning("backend %s sent an invalid response: %s", backend.name, failure)
+        unreachable = isinstance(failure, HttpError) and failure.kind == "connect"
+        if self._state.registry.request_failed(backend, reason, unreachable=unreachable):
+            self._state.metrics.ejections.labels(backend.name).inc()
+        return error
 
     async def _await_shared_prefill(self, backend: Backend, attempt: Attempt) -> None:
         """If a request sent earlier will compute this one's prefix on ``backend`` but has not started, wait until
@@ -473,39 +518,65 @@ class CompletionsHandler:
             self._state.prefix.observed(backend.name, fingerprint, predicted, attempt.usage)
 
     async def _relay_whole(self, response: Response, backend: Backend, attempt: Attempt, send: Send) -> str:
+        """Read the whole answer, and relay it only if it is a completion: anything else is the replica's failure,
+        which another candidate may make good, since the client has seen nothing yet."""
         try:
             body = await response.read()
         except HttpError as exc:
-            await send_error(send, attempt, _upstream_error(exc, attempt.backend))
-            return "error"
+            raise TryElsewhere(self._replica_failed(backend, exc), retryable=True) from None
+        completion = _completion_of(body)
+        if completion is None:
+            raise TryElsewhere(
+                self._replica_failed(backend, f"a {response.status} body that is not a completion: {body[:40]!r}"),
+                retryable=True,
+            )
         self._first_token(backend, attempt)
-        attempt.usage = _usage_of(body)
+        self._state.registry.request_succeeded(backend)
+        usage = completion.get("usage")
+        attempt.usage = usage if isinstance(usage, dict) else None
         await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "ok"
 
     async def _relay_stream(
         self, response: Response, backend: Backend, parsed: ParsedRequest, attempt: Attempt, send: Send
     ) -> str:
-        await send({"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)})
+        """Relay event by event. The status and headers leave with the first event, so a replica that fails or
+        sends something else before it can still be replaced; after that, a failure is reported in-band."""
         relay = EventRelay(strip_usage=not parsed.include_usage)
+        started = False
         try:
             async for data in response.iter_bytes():
                 events = relay.feed(data)
                 if events:
+                    if not started:
+                        started = await self._start_stream(attempt, send)
                     if not attempt.first_token_at:
                         self._first_token(backend, attempt)
                     if backend.kind == "replica":
                         self._saw_text(backend, attempt, events)
                     await send({"type": "http.response.body", "body": events, "more_body": True})
-        except HttpError as exc:
+            tail = relay.flush()
+            if not started and not relay.events and not tail.strip():
+                raise InvalidEvent("a stream without a single event")
+        except (HttpError, InvalidEvent) as exc:
+            error = self._replica_failed(backend, exc)
+            if not started:
+                raise TryElsewhere(error, retryable=True) from None
             # Headers are gone already: tell the client in-band, the way OpenAI reports mid-stream errors.
-            message = _upstream_error(exc, attempt.backend).body()
-            await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
+            await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": False})
             return "error"
-        await send({"type": "http.response.body", "body": relay.flush()})
+        if not started:
+            await self._start_stream(attempt, send)
+        self._state.registry.request_succeeded(backend)
+        await send({"type": "http.response.body", "body": tail})
         attempt.usage = relay.usage
         self._observe_tpot(backend, attempt)
         return "ok"
+
+    @staticmethod
+    async def _start_stream(attempt: Attempt, send: Send) -> bool:
+        await send({"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)})
+        return True
 
     def _saw_text(self, backend: Backend, attempt: Attempt, events: bytes) -> None:
         """Text from a later pass than the stream's first means the replica has begun another pass: with the
@@ -521,7 +592,7 @@ class CompletionsHandler:
             body = await response.read()
         except HttpError:
             body = b""
-        body = _as_openai_error(body, response.status, attempt.backend, attempt.served_by)
+        body = _as_openai_error(body, response.status, attempt.served_by)
         await send_json(send, response.status, response_headers(attempt, JSON_HEADERS), body)
         return "client_error"
 
@@ -588,30 +659,37 @@ def _learn_prefill_rate(backend: Backend, attempt: Attempt, now: float) -> None:
     )
 
 
-def _usage_of(body: bytes) -> dict[str, Any] | None:
+def _completion_of(body: bytes) -> dict[str, Any] | None:
+    """The completion a replica answered, or None when the body is not one (not JSON, or no ``choices``)."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    return usage if isinstance(usage, dict) else None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
+        return None
+    return parsed
 
 
-def _as_openai_error(body: bytes, status: int, name: str, backend: Backend | None) -> bytes:
+def _as_openai_error(body: bytes, status: int, backend: Backend | None) -> bytes:
     """A replica's 4xx body in OpenAI's shape with the engine's message kept (SGLang writes it flat, vLLM as
-    OpenAI does), else a generic refusal."""
+    OpenAI does), else a generic refusal. The message is scrubbed of the replica's key and anything shaped like a
+    credential (a server may echo what it was sent), and names no replica: the log does."""
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
     found = backend.engine.error_message(parsed) if backend is not None else None
+    name = backend.name if backend is not None else "-"
     if found is not None:
         message, param = found
-        return error_body(status, f"Backend {name}: {message}", param=param)
-    return error_body(status, f"Backend {name} refused the request.", code="backend_refused")
+        message = scrub(message, (backend.api_key,) if backend is not None and backend.api_key else ())
+        log.info("backend %s refused a request (%s): %s", name, status, message)
+        return error_body(status, message, param=param)
+    log.info("backend %s refused a request (%s) without a readable reason", name, status)
+    return error_body(status, "The backend refused the request.", code="backend_refused")
 
 
 def _upstream_error(exc: HttpError, backend: str) -> ApiError:
-    """The client learns which backend failed and how, not its address or the socket error."""
+    """The client learns how the backend failed, not which one, its address or the socket error: the log does."""
     log.info("backend %s failed: %s", backend, exc)
-    return ApiError(_UPSTREAM_STATUS[exc.kind], f"Backend {backend} {_FAILURES[exc.kind]}.", code=f"backend_{exc.kind}")
+    return ApiError(_UPSTREAM_STATUS[exc.kind], _FAILURES[exc.kind], code=f"backend_{exc.kind}")

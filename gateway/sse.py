@@ -4,6 +4,10 @@ The relay forwards whole events only (upstream reads can split one anywhere) and
 event it cares about: the final usage chunk, which it may strip when the client did not ask for it.
 SGLang ends lines with LF; an upstream ending them with CRLF (the SSE spec allows both) is relayed with LF,
 so its events are still found and streamed one by one rather than held until the response ends.
+
+Every event is checked before it is relayed: its data must be a JSON object or ``[DONE]`` (comments and the
+``event``/``id``/``retry`` fields pass). A replica that sends anything else is broken, and its bytes must not
+reach a client as if they were an answer: :class:`InvalidEvent` says so (about 1 us per event, with orjson).
 """
 
 from __future__ import annotations
@@ -14,11 +18,17 @@ import orjson
 
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
 _SEPARATOR = b"\n\n"
+_MAX_EVENT_BYTES = 4 << 20
+"""An upstream that sends more than this without ending an event is not streaming events (nor bounded)."""
 _TEXT_MARKS = tuple(
     mark
     for key in (b"content", b"reasoning_content", b"text", b"arguments")
     for mark in (b'"' + key + b'":"', b'"' + key + b'": "')
 )
+
+
+class InvalidEvent(ValueError):
+    """The upstream sent something that is not an OpenAI stream event."""
 
 
 class EventRelay:
@@ -33,26 +43,37 @@ class EventRelay:
         self.usage: dict[str, Any] | None = None
 
     def feed(self, data: bytes) -> bytes:
-        """Return the complete events in ``pending + data`` (possibly none), keeping the partial tail."""
+        """Return the complete events in ``pending + data`` (possibly none), keeping the partial tail; raises
+        :class:`InvalidEvent` for an event that is not OpenAI's."""
         if self._pending:
             data = self._pending + data
         if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")  # a lone CR at the end waits in the tail for its LF
         end = data.rfind(_SEPARATOR)
         if end < 0:
+            if len(data) > _MAX_EVENT_BYTES:
+                raise InvalidEvent(f"no end of event in {len(data)} bytes")
             self._pending = data
             return b""
         end += len(_SEPARATOR)
         self._pending = data[end:]
         complete = data[:end]
-        self.events += complete.count(_SEPARATOR)
+        count = complete.count(_SEPARATOR)
+        if count == 1 and complete.startswith(b"data: {") and b"\n" not in complete[:-2]:
+            _check_json(complete[6:-2])  # the usual read: one event of one data line
+        else:
+            for event in complete.split(_SEPARATOR)[:-1]:
+                check_event(event)
+        self.events += count
         if _has_usage(complete):
             complete = self._take_usage(complete)
         return complete
 
     def flush(self) -> bytes:
-        """Whatever is left when the upstream closes (a final event without its blank line)."""
+        """Whatever is left when the upstream closes (a final event without its blank line), checked too."""
         rest, self._pending = self._pending, b""
+        if rest.strip():
+            check_event(rest.strip(b"\n"))
         return rest
 
     def _take_usage(self, complete: bytes) -> bytes:
@@ -69,6 +90,34 @@ class EventRelay:
                         continue
             kept.append(event + _SEPARATOR)
         return b"".join(kept)
+
+
+def check_event(event: bytes) -> None:
+    """Raise :class:`InvalidEvent` unless ``event`` (its lines, without the blank line) is an OpenAI stream event:
+    data that is one JSON object or ``[DONE]``, besides comments and the other SSE fields."""
+    data: list[bytes] = []
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+        elif line and not line.startswith(_OTHER_FIELDS):
+            raise InvalidEvent(f"not a server-sent event line: {line[:40]!r}")
+    if not data:
+        return  # a comment (a keep-alive) or an empty event
+    payload = b"\n".join(data)
+    if payload.strip() != b"[DONE]":
+        _check_json(payload)
+
+
+def _check_json(payload: bytes) -> None:
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise InvalidEvent(f"event data is not JSON: {payload[:40]!r}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidEvent(f"event data is not a JSON object: {payload[:40]!r}")
+
+
+_OTHER_FIELDS = (b":", b"event:", b"id:", b"retry:")
 
 
 def carries_text(events: bytes) -> bool:

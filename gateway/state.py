@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 from tokenizers import Tokenizer
 
 from backends.hosted import HostedModel
+from backends.hosted.direct import new_http_client
 from backends.http1 import Http1Client
+from backends.outlier import OutlierRules
 from backends.registry import BackendRegistry
 from cache.shared_index import SharedPrefixIndex
 from cache.tokens import PromptTokenizer
@@ -29,14 +31,13 @@ from gateway.live_config import LiveConfig
 from gateway.metrics import GatewayMetrics
 from gateway.peer_load import PeerLoad
 from gateway.prefix import PrefixTracker
+from gateway.retry_budget import RetryBudget
 from gateway.routes import Route
 from gateway.secrets import resolve_secret
 from gateway.spend_view import LedgerSpend
 from gateway.tenants import TenantDirectory
 from policies.complexity import ComplexityClassifier
 
-_HOSTED_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
-"""Streams to hosted providers at once: a burst spills hundreds (httpx's default pool stops at 100)."""
 _ASSUMED_KV_TOKENS = 200_000
 """Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""
 
@@ -55,13 +56,15 @@ class GatewayState:
     prefilling: PrefillsInFlight = field(default_factory=PrefillsInFlight)
     """Prefix blocks each replica is computing now, for requests that share them to wait for."""
     hosted_models: Mapping[str, HostedModel] = field(default_factory=dict)
-    hosted_http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(limits=_HOSTED_LIMITS))
+    hosted_http: httpx.AsyncClient = field(default_factory=new_http_client)
     """Connections to hosted providers for the streams relayed without litellm (:mod:`backends.hosted.direct`)."""
     classifier: ComplexityClassifier = field(default_factory=ComplexityClassifier)
     rent: RentBook = field(default_factory=lambda: RentBook((), time.time()))
     """Each pool's rent since the gateway started, and who used it."""
     capacity: CapacityRecorder = field(default_factory=CapacityRecorder)
     """Each pool's demand and its replicas' load over the lookback, for the replicas it needs (``GET /capacity``)."""
+    retries: RetryBudget = field(default_factory=RetryBudget)
+    """How many fallbacks may be sent now (the config's ``outlier.retry_budget_*``)."""
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
     accountant: Accountant = field(init=False)
@@ -95,6 +98,15 @@ class GatewayState:
         self.tenants = catalog.tenants
         self.hosted_models = catalog.hosted_models
         self.rent.configure(catalog.pool_prices, time.time())
+        outlier = catalog.config.outlier
+        self.registry.outlier = OutlierRules(
+            outlier.consecutive_failures, outlier.base_ejection_s, outlier.max_ejection_s, outlier.max_ejected_percent
+        )
+        self.retries.configure(
+            ratio=outlier.retry_budget_ratio,
+            min_per_s=outlier.retry_budget_min_per_s,
+            window_s=outlier.retry_budget_window_s,
+        )
         self.capacity.configure(catalog.config, (b.name for b in replicas.values()), time.perf_counter())
         self.config = catalog.config
 

@@ -25,6 +25,22 @@ from backends.hosted.model import HostedModel
 OPENAI_API_BASE = "https://api.openai.com/v1"
 _PREFIX = "openai/"
 
+KEEP_ALIVE_S = 4.0
+"""How long an idle pooled connection to a provider is reused. Shorter than the idle timeout of the servers it
+meets (uvicorn's 5 s is the shortest common one; OpenAI's and Anthropic's fronts keep theirs longer): a
+connection the server has already closed, or is closing as the request leaves, is the classic keep-alive race,
+answered by "Server disconnected without sending a response" and, before any fallback, a 502."""
+_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEP_ALIVE_S)
+"""Streams to hosted providers at once: a burst spills hundreds (httpx's default pool stops at 100)."""
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""Raised by ``send`` before a response's first byte when the pooled connection it took had been closed by the
+server: nothing reached the provider's application, so the request is sent once more on a new connection."""
+
+
+def new_http_client() -> httpx.AsyncClient:
+    """The gateway's one client for direct provider requests (see :data:`KEEP_ALIVE_S`)."""
+    return httpx.AsyncClient(limits=_LIMITS)
+
 
 def relays_directly(model: HostedModel) -> bool:
     """Whether ``model``'s requests skip litellm: an ``openai/`` model with no provider-specific parameters."""
@@ -65,7 +81,11 @@ async def _send(
     url = (model.api_base or OPENAI_API_BASE).rstrip("/") + "/chat/completions"
     timeout = httpx.Timeout(model.timeout_s, connect=model.connect_timeout_s)
     request = http.build_request("POST", url, content=orjson.dumps(body), headers=headers, timeout=timeout)
-    response = await http.send(request, stream=True)
+    try:
+        response = await http.send(request, stream=True)
+    except _STALE:
+        # Closed under us before answering (a stale keep-alive connection): once more, on a fresh one.
+        response = await http.send(request, stream=True)
     if response.status_code != 200:
         try:
             text = (await response.aread()).decode(errors="replace")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.sse import EventRelay, carries_text
+import pytest
+
+from gateway.sse import EventRelay, InvalidEvent, carries_text
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
@@ -39,8 +41,35 @@ def test_usage_chunk_is_stripped_when_not_asked_for() -> None:
 def test_partial_event_is_held_back() -> None:
     relay = EventRelay(strip_usage=False)
     assert relay.feed(b'data: {"a"') == b""
-    assert relay.feed(b":1}\n\ndata: x") == b'data: {"a":1}\n\n'
-    assert relay.flush() == b"data: x"
+    assert relay.feed(b":1}\n\ndata: [DO") == b'data: {"a":1}\n\n'
+    assert relay.feed(b"NE]") == b""
+    assert relay.flush() == b"data: [DONE]"
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"data: {not json\n\n",
+        b'data: ["an array"]\n\n',
+        b"<html>oops</html>\n\n",
+        b'data: {"choices":[]}\n\ngarbage line\n\n',
+    ],
+)
+def test_an_event_that_is_not_openai_is_refused(stream: bytes) -> None:
+    with pytest.raises(InvalidEvent):
+        EventRelay(strip_usage=False).feed(stream)
+
+
+def test_a_final_event_without_its_blank_line_is_checked_too() -> None:
+    relay = EventRelay(strip_usage=False)
+    assert relay.feed(b'data: {"a":1}\n\ndata: x') == b'data: {"a":1}\n\n'
+    with pytest.raises(InvalidEvent):
+        relay.flush()
+
+
+def test_comments_and_other_fields_pass() -> None:
+    stream = b': keep-alive\n\nevent: message\nid: 7\ndata: {"a":1}\n\ndata: [DONE]\n\n'
+    assert EventRelay(strip_usage=False).feed(stream) == stream
 
 
 def test_crlf_framed_events_are_relayed_one_by_one_with_lf() -> None:
