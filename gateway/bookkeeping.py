@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.accounting import Accountant, LedgerEntry, Reservation
-from gateway.accounting.records import KILLED, new_id
 from gateway.accounting.rent import RentBook
 from gateway.exchange import Attempt
 from gateway.metrics import ALL_TENANTS, GatewayMetrics
@@ -69,26 +68,20 @@ def book_dispatch(
     """Before the request is sent, write ahead what it is booked at should this process be killed before it
     ends: its worst case (``attempt.worst_case_usd``) on the costliest of ``candidates``, outcome
     ``gateway_killed``. Returns the id its :func:`book_ledger` entry must carry to replace that."""
-    entry_id = reservation.id if reservation is not None else new_id()
     if attempt.tenant is None or not candidates:
-        return entry_id
+        return ""
     backends = (state.registry[name] for name in candidates)
     costliest = max(backends, key=lambda b: (b.usd_per_mtok_out, b.usd_per_mtok_in))
-    worst_case = LedgerEntry(
-        request_id=attempt.request_id,
-        time=time.time(),
-        tenant=attempt.tenant.name,
-        route=attempt.route,
-        backend=costliest.name,
-        kind=costliest.kind,
-        prompt_tokens=parsed.prompt_tokens,
-        cost_usd=attempt.worst_case_usd,
-        hosted_equivalent_usd=attempt.worst_case_usd,
-        outcome=KILLED,
-        entry_id=entry_id,
+    return state.accountant.dispatched(
+        reservation,
+        attempt.request_id,
+        attempt.tenant.name,
+        attempt.route,
+        costliest.name,
+        costliest.kind,
+        parsed.prompt_tokens,
+        attempt.worst_case_usd,
     )
-    state.accountant.dispatched(worst_case, reservation)
-    return entry_id
 
 
 def book_ledger(

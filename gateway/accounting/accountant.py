@@ -15,7 +15,7 @@ from .limits import UNLIMITED, TenantLimits, day_start, day_tag, month_start, mo
 from .quota import LocalQuota, Quota
 from .quota_redis import OUTAGE_ERRORS, RedisQuota
 from .rebuild import Epochs
-from .records import LedgerEntry, Reservation, new_id
+from .records import BackendKind, LedgerEntry, Reservation, new_id
 from .report import RateUsage, SeriesPoint, Sums, TenantSpend, window_spend
 from .rollup import Rollup
 from .shipper import Shipper
@@ -163,15 +163,30 @@ class Accountant:
             self.ledger.abandoned(reservation.id)
         self._in_background(self.release(reservation, entry))
 
-    def dispatched(self, worst_case: LedgerEntry, reservation: Reservation | None) -> None:
-        """Before a request is sent: ``worst_case`` is booked (through the ledger, then Redis, like any entry)
-        should this process be killed before the request ends. Its real entry, settled through
-        ``reservation`` (or recorded with ``worst_case.entry_id``), replaces it; without one, :meth:`abandon`.
+    def dispatched(
+        self,
+        reservation: Reservation | None,
+        request_id: str,
+        tenant: str,
+        route: str,
+        backend: str,
+        kind: BackendKind,
+        prompt_tokens: int,
+        worst_case_usd: float,
+    ) -> str:
+        """Before a request is sent: it is booked at ``worst_case_usd`` on ``backend`` (outcome
+        ``gateway_killed``; through the ledger, then Redis, like any entry) should this process be killed
+        before it ends. Returns the id its real entry must carry to replace that: the reservation's (settled
+        through it), or a new one to record it with, or to :meth:`abandon` should it end without an entry.
         A few microseconds, and never waits."""
         if reservation is None:
-            self.ledger.opened(worst_case)
+            entry_id, hold_id = new_id(), ""
         else:  # its replay drops the hold, wherever it was made (dropping one Redis never had is harmless)
-            self.ledger.opened(self._own(reservation, worst_case), reservation.id if self.shared is not None else "")
+            entry_id = reservation.id
+            hold_id = entry_id if self.shared is not None else ""
+        request = (entry_id, request_id, time.time(), tenant, route, backend, kind, prompt_tokens, worst_case_usd)
+        self.ledger.opened((*request, hold_id))
+        return entry_id
 
     def abandon(self, entry_id: str) -> None:
         """The request :meth:`dispatched` without a reservation ended without an entry."""

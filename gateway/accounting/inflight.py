@@ -50,13 +50,13 @@ class InFlight:
         self._leftovers: list[Path] = []
 
     def recover(self) -> list[list[object]]:
-        """The worst-case rows of the requests a previous process left open, and a fresh segment."""
+        """The records of the requests a previous process left open, and a fresh segment."""
         self._leftovers = leftover_segments(self._directory, f"{self._stem}.*.inflight")
         opened: dict[str, list[object]] = {}
         for line in read_rows(self._leftovers):
-            if len(line) == 2 and isinstance(line[1], list):
-                opened[str(line[0])] = line[1]  # carried forward: the same request, once
-            elif len(line) == 1:
+            if len(line) > 1:
+                opened[str(line[0])] = line  # carried forward: the same request, once
+            elif line:
                 opened.pop(str(line[0]), None)  # closed without an entry
         self._segment = self._oldest = first_free_segment(self._leftovers)
         self._fd = self._create(self._segment)
@@ -70,10 +70,11 @@ class InFlight:
 
     # Per request: nothing here waits, and a failing disk never fails a request --------------------------
 
-    def open(self, entry_id: str, row: Sequence[object]) -> None:
-        """``row`` is booked should this process die before :meth:`close` or :meth:`abandon`."""
-        line = orjson.dumps((entry_id, row)) + b"\n"
-        self._open[entry_id] = line
+    def open(self, record: Sequence[object]) -> None:
+        """``record`` (its first field the entry id) is booked should this process die before :meth:`close`
+        or :meth:`abandon`."""
+        line = orjson.dumps(record) + b"\n"
+        self._open[str(record[0])] = line
         self._changed = True
         self._write(line)
 

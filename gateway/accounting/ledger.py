@@ -28,7 +28,7 @@ from typing import Any
 from .idle_worker import IdleWorker
 from .inflight import InFlight
 from .journal import Journal
-from .records import ENTRY_FIELDS, LedgerEntry
+from .records import DISPATCH_FIELDS, ENTRY_FIELDS, Dispatch, LedgerEntry, killed_entry
 
 log = logging.getLogger("spillgate.accounting")
 
@@ -133,7 +133,7 @@ class Ledger:
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
         journaled = [tuple(row) for row in self._journal.recover() if len(row) == len(_COLUMNS) + 2]
-        unfinished = [tuple(row) for row in self._inflight.recover() if len(row) == len(_COLUMNS) + 2]
+        unfinished = [_killed_row(record) for record in self._inflight.recover() if len(record) == DISPATCH_FIELDS]
         if journaled or unfinished:
             # A killed process's last entries (those already committed are ignored), then its requests that
             # never ended, at their worst case: one whose real entry is in the ledger by now is ignored too.
@@ -170,10 +170,10 @@ class Ledger:
         self._journal.write((*_ROW_FIELDS(entry), hold_id, 0), entry.entry_id)
         self._inflight.close(entry.entry_id)
 
-    def opened(self, entry: LedgerEntry, hold_id: str = "") -> None:
-        """A request is about to be sent: ``entry`` (its worst case) is booked should this process be killed
-        before the request's own entry is journaled with the same id (:mod:`.inflight`). Never waits."""
-        self._inflight.open(entry.entry_id, (*_ROW_FIELDS(entry), hold_id, 0))
+    def opened(self, request: Dispatch) -> None:
+        """A request is about to be sent: it is booked at its worst case should this process be killed before
+        its own entry is journaled with the same id (:mod:`.inflight`). Never waits."""
+        self._inflight.open(request)
 
     def abandoned(self, entry_id: str) -> None:
         """The request :meth:`opened` ended without an entry: nothing is booked for it."""
@@ -310,6 +310,11 @@ class Ledger:
         if self._db is None:
             raise RuntimeError(f"ledger {self.path} is not open: call start() first")
         return self._db
+
+
+def _killed_row(record: list[object]) -> Row:
+    entry, hold_id = killed_entry(record)
+    return (*_ROW_FIELDS(entry), hold_id, 0)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,6 +16,12 @@ BackendKind = Literal["replica", "hosted"]
 KILLED = "gateway_killed"
 """The outcome of a request its gateway process was killed while serving: booked at its worst case by the
 next start (:mod:`.inflight`)."""
+
+Dispatch = tuple[str, str, float, str, str, str, str, int, float, str]
+"""A request sent upstream, written ahead (:mod:`.inflight`): entry id, request id, time, tenant, route,
+backend, kind, prompt tokens, worst case in USD, and the hold its replay to Redis drops. A plain tuple: one is
+built and serialized per request, before it is sent."""
+DISPATCH_FIELDS = 10
 
 
 def new_id() -> str:
@@ -106,3 +113,12 @@ class LedgerEntry:
 
 
 ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))
+
+
+def killed_entry(record: Sequence[Any]) -> tuple[LedgerEntry, str]:
+    """The entry a :data:`Dispatch` left open by a killed process is booked at, and its hold."""
+    entry_id, request_id, at, tenant, route, backend, kind, prompt, worst_usd, hold_id = record
+    entry = LedgerEntry(
+        request_id, at, tenant, route, backend, kind, prompt, 0, 0, worst_usd, worst_usd, KILLED, entry_id
+    )
+    return entry, hold_id

@@ -19,27 +19,27 @@ from tests.support.procs import REPO_ROOT
 CHILD = """
 import asyncio, sys, time
 from gateway.accounting import Accountant, LedgerEntry, TenantLimits
-from gateway.accounting.records import KILLED, new_id
 
 BUDGET = TenantLimits(usd_per_day=10.0)
 
 
-def entry(cost, outcome="ok", entry_id=""):
-    return LedgerEntry("req", time.time(), "acme", "chat", "frontier", "hosted", 10, 0, 5, cost, cost, outcome, entry_id)
+def entry(cost, entry_id=""):
+    return LedgerEntry("req", time.time(), "acme", "chat", "frontier", "hosted", 10, 0, 5, cost, cost, "ok", entry_id)
 
 
 async def main():
     accountant = Accountant(sys.argv[1])
     await accountant.start()
-    reserve = lambda worst: accountant.reserve("acme", BUDGET, tokens=10, worst_case_usd=worst, hosted=True)
-    cut_off, settled, released = await reserve(0.5), await reserve(0.5), await reserve(0.5)
+    reserve = lambda: accountant.reserve("acme", BUDGET, tokens=10, worst_case_usd=0.5, hosted=True)
+    dispatch = lambda reservation, worst: accountant.dispatched(
+        reservation, "req", "acme", "chat", "frontier", "hosted", 10, worst
+    )
+    cut_off, settled, released = await reserve(), await reserve(), await reserve()
     for reservation in (cut_off, settled, released):
-        accountant.dispatched(entry(0.5, KILLED, reservation.id), reservation)
+        dispatch(reservation, 0.5)
     accountant.settle_soon(settled, entry(0.1))
     accountant.release_soon(released)
-    recorded, unreserved_cut_off, abandoned = new_id(), new_id(), new_id()
-    for entry_id in (recorded, unreserved_cut_off, abandoned):
-        accountant.dispatched(entry(0.3, KILLED, entry_id), None)
+    recorded, unreserved_cut_off, abandoned = (dispatch(None, 0.3) for _ in range(3))
     accountant.record_soon(entry(0.2, entry_id=recorded))
     accountant.abandon(abandoned)
     await asyncio.sleep(0)
@@ -91,13 +91,13 @@ async def test_compaction_keeps_only_the_requests_still_open(tmp_path: Path) -> 
     inflight = InFlight(tmp_path, "ledger")
     assert inflight.recover() == []
     for entry_id in ("ended", "refused", "streaming"):
-        inflight.open(entry_id, [entry_id, 1.0])
+        inflight.open((entry_id, 1.0))
     inflight.close("ended")
     inflight.abandon("refused")
     assert len(segments(tmp_path)) == 1
     await inflight.compact()
     (segment,) = segments(tmp_path)
-    assert segment.read_bytes() == b'["streaming",["streaming",1.0]]\n'
+    assert segment.read_bytes() == b'["streaming",1.0]\n'
     await inflight.compact()  # nothing changed: nothing written
     assert segments(tmp_path) == [segment]
     inflight.close_file()
