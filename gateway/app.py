@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from backends.registry import Backend
 from gateway.admin import admin_router
@@ -89,7 +90,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
         finally:
             await state.stop()
 
-    app = FastAPI(title="spillgate", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # Starlette's own trailing-slash redirect names the client's Host header as the target: see slash_redirect.
+    app = FastAPI(title="spillgate", lifespan=lifespan, docs_url="/docs", redoc_url=None, redirect_slashes=False)
     started = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -97,7 +99,9 @@ def build_control_app(state: GatewayState) -> FastAPI:
         return Response(exc.body(), status_code=exc.status, media_type="application/json", headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404 and (target := slash_redirect(app, request.scope)) is not None:
+            return Response(status_code=307, headers={"location": target})
         message = "Not found." if exc.status_code == 404 else str(exc.detail)
         return Response(
             error_body(exc.status_code, message), status_code=exc.status_code, media_type="application/json"
@@ -232,3 +236,18 @@ def _outlier_health(backend: Backend, now: float) -> dict[str, object]:
         "ejections": breaker.total_ejections,
         "last_failure": breaker.last_failure or None,
     }
+
+
+def slash_redirect(app: FastAPI, scope: Scope) -> str | None:
+    """Where a path with a trailing slash should go, when the path without it is served: as a path only, so a
+    forged ``Host`` header never becomes the target, and never ``//host`` (a browser reads that as a host)."""
+    path: str = scope["path"]
+    stripped = path.rstrip("/")
+    if stripped == path or not stripped.startswith("/") or stripped.startswith("//"):
+        return None
+    for route in app.router.routes:
+        match, _ = route.matches({**scope, "path": stripped})
+        if match is Match.FULL:
+            query = scope.get("query_string", b"").decode("latin-1")
+            return stripped + (f"?{query}" if query else "")
+    return None

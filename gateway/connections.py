@@ -4,7 +4,8 @@ uvicorn closes an idle keep-alive connection, but not a new connection that neve
 sends its headers a byte at a time: each such socket is held as long as its client likes. This protocol,
 uvicorn's own httptools protocol with two additions, closes a connection whose request headers have not all
 arrived within ``header_timeout_s`` of its first byte (or of connecting), and refuses a client address more
-than ``max_connections_per_client`` connections at once (429, then closed). Request bodies have their own
+than ``max_connections_per_client`` connections at once (429, then closed); what its parser refuses is answered
+in OpenAI's error shape like everything else. Request bodies have their own
 deadline where they are read (:func:`gateway.exchange.read_body`).
 """
 
@@ -19,6 +20,7 @@ from gateway.errors import error_body
 
 _TOO_MANY = error_body(429, "Too many connections from this address.", code="too_many_connections")
 _TIMED_OUT = error_body(408, "The request headers did not arrive in time.", code="request_timeout")
+_MALFORMED = error_body(400, "The request is not valid HTTP/1.1.", code="invalid_http")
 
 
 def _raw_response(status: bytes, body: bytes) -> bytes:
@@ -71,6 +73,11 @@ def guarded_protocol(header_timeout_s: float, max_connections_per_client: int) -
             super().on_response_complete()
             # Idle from here: uvicorn's keep-alive timer runs until the next request's first byte.
             self._disarm_header_deadline()
+
+        def send_400_response(self, msg: str) -> None:
+            """A request the HTTP parser refuses gets OpenAI's error shape too, not uvicorn's plain text."""
+            self.transport.write(_raw_response(b"400 Bad Request", _MALFORMED))
+            self.transport.close()
 
         def _arm_header_deadline(self) -> None:
             if self._header_deadline is None:
