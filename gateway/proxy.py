@@ -22,7 +22,7 @@ from backends.http1 import HttpError, Response
 from backends.registry import Backend
 from gateway.accounting import QuotaExceeded, Reservation
 from gateway.admission import OVERLOADED, InFlightLimit, ReadingBudget
-from gateway.bookkeeping import book_ledger, price_cut_off, record_outcome
+from gateway.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
 from gateway.coalesce import hold_limit
 from gateway.errors import ApiError, error_body
 from gateway.exchange import (
@@ -272,6 +272,7 @@ class CompletionsHandler:
         receive: Receive,
         send: Send,
     ) -> None:
+        entry_id = book_dispatch(self._state, parsed, attempt, decision.ranked[:_MAX_ATTEMPTS], reservation)
         watcher = DisconnectWatcher(receive)
         try:
             attempt.outcome = await self._try_backends(parsed, decision, attempt, send)
@@ -285,7 +286,7 @@ class CompletionsHandler:
             record_outcome(
                 self._state.metrics, attempt, self._state.rent, tenant_labels=self._state.config.metrics.tenant_labels
             )
-            book_ledger(self._state.accountant, parsed, attempt, reservation)
+            book_ledger(self._state.accountant, parsed, attempt, reservation, entry_id)
             self._state.capacity.finished(attempt, time.perf_counter())  # after record_outcome has priced it
 
     async def _try_backends(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt, send: Send) -> str:
