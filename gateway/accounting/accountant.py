@@ -69,7 +69,7 @@ class Accountant:
             path = Path(ledger_path)
             epochs = Epochs(self.shared, self.ledger, path.with_name(path.stem + "-epoch.json"))
             self._shipper = Shipper(
-                self.shared, self.ledger, interval_s=replay_interval_s, epochs=epochs, epoch_interval_s=epoch_check_s
+                self.shared, self.ledger, epochs, interval_s=replay_interval_s, epoch_interval_s=epoch_check_s
             )
         self._settling: set[asyncio.Task[None]] = set()
 
@@ -227,7 +227,8 @@ class Accountant:
         return entry.with_id(reservation.id)
 
     def _book(self, entry: LedgerEntry, shipped: bool, reservation: Reservation | None) -> None:
-        hold = reservation.id if reservation is not None and reservation.shared and not shipped else ""
+        # Any reservation's hold may be in Redis (one reserved here while Redis was away is put back there).
+        hold = reservation.id if reservation is not None and self.shared is not None and not shipped else ""
         self.rollup.add(entry)
         self.ledger.append(entry, shipped=shipped, hold_id=hold)
 

@@ -9,15 +9,21 @@ bytes each: 8 days of them at 100 requests/s were ~5 GB). An outage longer than 
 entries twice; every other entry of the outbox still counts once. Budgets compare the rollups (settled spend, exactly
 what ``/v1/spend`` shows) plus open holds, so replaying entries booked during an outage reconciles them.
 
-While Redis is unreachable (:attr:`RedisQuota.down`), the hot path stops calling it: reservations go to
-the :class:`~.quota.LocalQuota`, whose baseline is the last shared totals this process saw plus its own
-spend since (``fail_open=True``), or requests of tenants with a budget are refused (``fail_open=False``;
-rate limits are still enforced locally). The :class:`~.shipper.Shipper` probes Redis, replays the
-outbox, and only then clears :attr:`down`.
+While this process does not share the budgets (:attr:`RedisQuota.down`: Redis is unreachable, or came
+back without the rollups, or this process has not joined it yet), the hot path stops calling it:
+reservations go to the :class:`~.quota.LocalQuota`, whose baseline is the last shared totals this process
+saw plus its own spend since, of which it may use its share (``fail_open=True``), or requests of tenants
+with a budget are refused (``fail_open=False``; rate limits are still enforced locally). The
+:class:`~.shipper.Shipper` probes Redis, replays the outbox, puts back the holds of the requests still in
+flight here (:mod:`.rebuild`), and only then clears :attr:`down`.
+
+Every write is fenced with the epoch this process joined (:mod:`.scripts`): a Redis that came back empty
+refuses it with ``STALE_EPOCH``, which is handled as an outage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -47,7 +53,9 @@ from .redis_keys import RedisKeys
 
 log = logging.getLogger("spillgate.accounting")
 
-OUTAGE_ERRORS = (RedisError, OSError)
+OUTAGE_ERRORS = (RedisError, OSError, RuntimeError)
+"""What a Redis call raises when Redis is away. RuntimeError: under uvloop, a connection Redis closed while
+redis-py was opening it (a restart) fails its first write with "the handler is closed"."""
 _RETRY_S = 1.0
 _LIMIT_NAMES = (
     "requests_per_minute",
@@ -108,16 +116,28 @@ class RedisQuota:
         self._ttls = (40 * 86_400, 400 * 86_400, series_ttl_s, ids_ttl_s, stream_maxlen)
         self._reserve = client.register_script(scripts.RESERVE)
         self._record = client.register_script(scripts.RECORD)
+        self._hold = client.register_script(scripts.HOLD)
         self._known_tenants: set[str] = set()
-        self.down = False
+        self.down = True
+        """Not sharing the budgets in Redis: unreachable, or not (re)joined yet (the shipper joins at start)."""
+        self.epoch = ""
+        """The epoch of the shared rollups this process joined: every write is fenced with it."""
+        self.rejoining = False
+        """What this process knows is back in Redis, and it waits for the other processes to have done the same:
+        requests under a budget wait meanwhile, since admitting them here would hide them from the others, and
+        admitting them in Redis would miss what the others have not put back yet."""
+        self._rejoined = asyncio.Event()
         self.processes: Callable[[], int] = lambda: 1
         """How many gateway processes spend these budgets (this one and its peers, as last seen): while Redis
         is away each may spend only its share of what was left."""
+        self.processes_at_loss = 1
+        """:attr:`processes` when this process last stopped sharing (its peers may drop out of it meanwhile)."""
         self.pending_releases: list[Reservation] = []
-        """Redis-held reservations released during an outage, without an entry to carry them."""
+        """Reservations whose Redis hold is to be dropped, released while Redis was away without an entry."""
         self._open: dict[str, Reservation] = {}
-        """Holds of requests in progress here, renewed by :meth:`renew_holds` so they lapse soon after this
-        process stops renewing them (killed, or cut off from Redis), not an hour later."""
+        """Requests in progress here that hold budget: the Redis holds are renewed by :meth:`renew_holds`, so
+        they lapse soon after this process stops renewing them (killed, or cut off from Redis), not an hour
+        later; all are put back by :meth:`put_back_holds` when Redis comes back without them."""
 
     @property
     def degraded(self) -> bool:
@@ -128,58 +148,84 @@ class RedisQuota:
         """Seconds the day and month rollups, series and ids are kept; the stream's length."""
         return self._ttls
 
-    def lost(self, exc: BaseException) -> None:
+    def lost(self, exc: BaseException | str) -> None:
+        """Stop sharing: Redis failed a call, or refused it as fenced by a lost epoch."""
         if not self.down:
-            log.warning("Redis unreachable (%s): quotas fall back to this process's counters", exc)
+            self.processes_at_loss = self.expected_processes()
+            what = "lost the shared rollups" if "STALE_EPOCH" in str(exc) else f"unreachable ({exc})"
+            log.warning("Redis %s: quotas fall back to this process's share until it is back", what)
         self.down = True
+
+    def rejoin(self, rejoining: bool = True) -> None:
+        """Everything this process knows is about to be put back: requests under a budget wait from now on
+        (``False``: the attempt failed, and they are admitted within this process's share again)."""
+        self.rejoining = rejoining
+        if rejoining:
+            self._rejoined.clear()
+        else:
+            self._rejoined.set()
 
     def restored(self) -> None:
         if self.down:
-            log.info("Redis is back: quotas are shared again")
+            log.info("Redis is shared again (epoch %s)", self.epoch)
         self.down = False
+        self.rejoin(False)
         self._known_tenants.clear()  # Redis may have come back empty
+
+    def expected_processes(self) -> int:
+        """The processes spending these budgets: the most of those last seen and of those seen now."""
+        return max(1, self.processes_at_loss if self.down else 1, self.processes())
 
     # Reserve -----------------------------------------------------------------------------------------
 
     async def reserve(
         self, tenant: str, limits: TenantLimits, *, tokens: int, worst_case_usd: float, hosted: bool, now: float
     ) -> Reservation:
-        if limits.unlimited or self.down:
-            return self._reserve_locally(tenant, limits, tokens, worst_case_usd, hosted, now)
+        while True:
+            while self.rejoining and limits.has_budget:
+                await self._rejoined.wait()
+            if limits.unlimited or self.down:
+                return self._reserve_locally(tenant, limits, tokens, worst_case_usd, hosted, now)
+            try:
+                return await self._reserve_shared(tenant, limits, tokens, worst_case_usd, hosted, now)
+            except OUTAGE_ERRORS as exc:
+                self.lost(exc)  # then as above: this process may be rejoining by now (a call can wait seconds)
+
+    async def _reserve_shared(
+        self, tenant: str, limits: TenantLimits, tokens: int, worst_case_usd: float, hosted: bool, now: float
+    ) -> Reservation:
         hold_id, day, month = new_id(), day_tag(now), month_tag(now)
         keys = self.keys
-        try:
-            reply = await self._reserve(
-                keys=[
-                    keys.day(tenant, day),
-                    keys.month(tenant, month),
-                    keys.rate(tenant),
-                    keys.holds(tenant),
-                    keys.hold_expiry(tenant),
-                ],
-                args=[
-                    keys.base(tenant),
-                    _micros(now),
-                    hold_id,
-                    tokens,
-                    to_nano(worst_case_usd),
-                    int(hosted),
-                    _limit(limits.requests_per_minute),
-                    _limit(limits.tokens_per_minute),
-                    _limit(limits.usd_per_day, money=True),
-                    _limit(limits.usd_per_month, money=True),
-                    _limit(limits.hosted_usd_per_day, money=True),
-                    _limit(limits.hosted_usd_per_month, money=True),
-                    _micros(now + self.hold_ttl_s),
-                    day,
-                    month,
-                    self._ttls[0],
-                    self._ttls[1],
-                ],
-            )
-        except OUTAGE_ERRORS as exc:
-            self.lost(exc)
-            return self._reserve_locally(tenant, limits, tokens, worst_case_usd, hosted, now)
+        reply = await self._reserve(
+            keys=[
+                keys.day(tenant, day),
+                keys.month(tenant, month),
+                keys.rate(tenant),
+                keys.holds(tenant),
+                keys.hold_expiry(tenant),
+                keys.epoch,
+            ],
+            args=[
+                keys.base(tenant),
+                _micros(now),
+                hold_id,
+                tokens,
+                to_nano(worst_case_usd),
+                int(hosted),
+                _limit(limits.requests_per_minute),
+                _limit(limits.tokens_per_minute),
+                _limit(limits.usd_per_day, money=True),
+                _limit(limits.usd_per_month, money=True),
+                _limit(limits.hosted_usd_per_day, money=True),
+                _limit(limits.hosted_usd_per_month, money=True),
+                _micros(now + self.hold_ttl_s),
+                day,
+                month,
+                self._ttls[0],
+                self._ttls[1],
+                self.epoch,
+            ],
+        )
         if reply[0] == 0:
             raise self._refusal(reply[1:], limits, tokens, worst_case_usd, now)
         self.local.adopt(tenant, "d" + day, int(reply[1]), int(reply[3]))
@@ -219,10 +265,13 @@ class RedisQuota:
                 "Spend accounting is unavailable, so requests under a budget are refused until it returns.",
                 _RETRY_S,
             )
-        share = 1.0 / max(1, self.processes()) if self.down else 1.0
-        return self.local.reserve_now(
+        share = 1.0 / self.expected_processes() if self.down else 1.0
+        reservation = self.local.reserve_now(
             tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now, share=share
         )
+        if limits.has_budget:
+            self._open[reservation.id] = reservation  # Redis must learn of its hold when this process rejoins
+        return reservation
 
     @staticmethod
     def _refusal(
@@ -242,31 +291,29 @@ class RedisQuota:
     # Settle and release --------------------------------------------------------------------------------
 
     async def settle(self, reservation: Reservation, entry: LedgerEntry) -> bool:
-        self._open.pop(reservation.id, None)
+        hold_id = self._close(reservation)
         if not reservation.shared:
             await self.local.settle(reservation, entry)
-            return await self._try_record(reservation.tenant, entry)
-        if not self.down:
-            try:
-                await self.run_record(reservation.tenant, entry, reservation.id, _MODE_SETTLE, entry.time)
-                return True
-            except OUTAGE_ERRORS as exc:
-                self.lost(exc)
+            return await self._try_record(reservation.tenant, entry, hold_id, _MODE_DROP, entry.time)
+        if await self._try_record(reservation.tenant, entry, hold_id, _MODE_SETTLE, entry.time):
+            return True
         self.local.unhold_shared(reservation)
-        self.local.add_spend(entry)
+        self.local.add_spend(entry)  # its outbox row carries the hold id and drops it on replay
         return False
 
     async def release(self, reservation: Reservation, entry: LedgerEntry | None, now: float) -> bool:
-        self._open.pop(reservation.id, None)
+        hold_id = self._close(reservation)
         if not reservation.shared:
             await self.local.release(reservation, entry, now)
-            return entry is not None and await self._try_record(reservation.tenant, entry)
-        if not self.down:
-            try:
-                await self.run_record(reservation.tenant, entry, reservation.id, _MODE_RELEASE, now)
+            if entry is None and not hold_id:
+                return False
+            if await self._try_record(reservation.tenant, entry, hold_id, _MODE_DROP, now):
                 return True
-            except OUTAGE_ERRORS as exc:
-                self.lost(exc)
+            if entry is None:
+                self.pending_releases.append(reservation)
+            return False
+        if await self._try_record(reservation.tenant, entry, hold_id, _MODE_RELEASE, now):
+            return True
         self.local.unhold_shared(reservation)
         if entry is not None:
             self.local.add_spend(entry)  # its outbox row carries the hold id and drops it on replay
@@ -274,18 +321,24 @@ class RedisQuota:
             self.pending_releases.append(reservation)
         return False
 
+    def _close(self, reservation: Reservation) -> str:
+        """Stop tracking ``reservation``: the id of the hold Redis may have of it ('' when none)."""
+        tracked = self._open.pop(reservation.id, None) is not None
+        return reservation.id if reservation.shared or tracked else ""
+
     async def count(self, entry: LedgerEntry) -> bool:
         """An entry without a reservation: counted in Redis now, or locally and replayed later."""
-        if await self._try_record(entry.tenant, entry):
+        if await self._try_record(entry.tenant, entry, "", _MODE_DROP, entry.time):
             return True
         self.local.add_spend(entry)
         return False
 
-    async def _try_record(self, tenant: str, entry: LedgerEntry) -> bool:
+    async def _try_record(self, tenant: str, entry: LedgerEntry | None, hold_id: str, mode: int, now: float) -> bool:
+        """:meth:`run_record` unless Redis is away; False when it is, or fails now."""
         if self.down:
             return False
         try:
-            await self.run_record(tenant, entry, "", _MODE_DROP, entry.time)
+            await self.run_record(tenant, entry, hold_id, mode, now)
         except OUTAGE_ERRORS as exc:
             self.lost(exc)
             return False
@@ -330,8 +383,9 @@ class RedisQuota:
                 keys.series(tenant, day),
                 keys.ids(tenant, ids_slot_tag(at)),
                 keys.stream(tenant),
+                keys.epoch,
             ],
-            args=[*args, day_ttl, month_ttl, series_ttl, ids_ttl, maxlen],
+            args=[*args, day_ttl, month_ttl, series_ttl, ids_ttl, maxlen, self.epoch],
             client=client,
         )
         if entry is not None and tenant not in self._known_tenants and client is None:
@@ -347,6 +401,43 @@ class RedisQuota:
                 await self.run_record(entry.tenant, entry, hold_id, _MODE_DROP, now, client=pipe)
             pipe.sadd(self.keys.tenants, *{entry.tenant for entry, _ in rows})
             await pipe.execute()
+
+    async def put_back_holds(self, now: float) -> None:
+        """Hold in Redis again what the requests in flight here hold: those reserved there (a Redis that came
+        back empty lost them) and those reserved here while it was away. Holds Redis has are left as they are.
+        Called while :attr:`rejoining`, so no new budget hold appears once the last batch is sent."""
+        keys, lapse = self.keys, _micros(now + self.hold_ttl_s)
+        done: set[str] = set()
+        while batch := [r for r in self._open.values() if r.id not in done]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for r in batch:
+                    usd = to_nano(r.worst_case_usd)
+                    await self._hold(
+                        keys=[
+                            keys.day(r.tenant, r.day),
+                            keys.month(r.tenant, r.month),
+                            keys.rate(r.tenant),
+                            keys.holds(r.tenant),
+                            keys.hold_expiry(r.tenant),
+                            keys.epoch,
+                        ],
+                        args=[
+                            keys.base(r.tenant),
+                            _micros(now),
+                            r.id,
+                            usd,
+                            usd if r.hosted else 0,
+                            lapse,
+                            r.day,
+                            r.month,
+                            self._ttls[0],
+                            self._ttls[1],
+                            self.epoch,
+                        ],
+                        client=pipe,
+                    )
+                await pipe.execute()
+            done.update(r.id for r in batch)
 
     async def replay_releases(self, now: float) -> None:
         while self.pending_releases:

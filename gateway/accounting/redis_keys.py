@@ -1,5 +1,5 @@
-"""Where accounting lives in Redis. Every key of one tenant shares the hash tag ``{tenant}``, so each
-Lua script touches a single cluster slot, and ``SCAN <prefix>:acct:*`` finds them all.
+"""Where accounting lives in Redis. Every key of one tenant shares the hash tag ``{tenant}``, and
+``SCAN <prefix>:acct:*`` finds them all. Each script also reads the epoch key (its fence, :mod:`.scripts`).
 
 ``<prefix>:acct:{t}:d:<YYYYMMDD>`` / ``:m:<YYYYMM>``  rollup hash: ``<scope>.<sum>`` (scope ``t``, ``k:<kind>``,
                                                        ``b:<backend>``) plus ``held`` / ``hosted_held``
@@ -12,6 +12,8 @@ Lua script touches a single cluster slot, and ``SCAN <prefix>:acct:*`` finds the
 ``<prefix>:acct:tenants``                             tenants with ledger entries (for ``/admin/spend``)
 ``<prefix>:acct:epoch``                               set when the rollups were started: gone means Redis lost them
 ``<prefix>:acct:{t}:rebuilt:<epoch>:<ledger>``        a ledger's totals were added back in that epoch
+``<prefix>:acct:joined:<epoch>``                      the processes that have put back what they knew in that
+                                                       epoch (a set of process ids)
 """
 
 from __future__ import annotations
@@ -57,3 +59,6 @@ class RedisKeys:
 
     def rebuilt(self, tenant: str, epoch: str, ledger: str) -> str:
         return f"{self.base(tenant)}:rebuilt:{epoch}:{ledger}"
+
+    def joined(self, epoch: str) -> str:
+        return f"{self.prefix}:acct:joined:{epoch}"

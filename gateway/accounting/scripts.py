@@ -1,9 +1,14 @@
 """The Lua scripts that make check-and-reserve and settle atomic in Redis.
 
-Both scripts take the tenant's keys with KEYS[3..5] = rate, holds, hold-expiry in the same places, and
-share a prelude: GCRA refunds (the Lua twin of :mod:`.gcra`, in microseconds) and dropping a hold. Numbers
-are formatted explicitly: Lua's default ``%.14g`` would turn epoch microseconds into exponent notation.
-A lapsed hold (its process died before settling) is purged on the tenant's next script run.
+The scripts take the tenant's keys with KEYS[3..5] = rate, holds, hold-expiry in the same places, and
+share a prelude: GCRA refunds (the Lua twin of :mod:`.gcra`, in microseconds), dropping a hold, and the
+epoch fence. Numbers are formatted explicitly: Lua's default ``%.14g`` would turn epoch microseconds into
+exponent notation. A lapsed hold (its process died before settling) is purged on the tenant's next script run.
+
+Every script that writes is fenced: it takes the epoch key and the epoch its caller has joined, and does
+nothing but fail with ``STALE_EPOCH`` when they differ. A Redis that came back empty (no epoch, or a newer
+one) so refuses a process's reservations and settles until that process has put back what it knows
+(:mod:`.rebuild`), however many of its calls were already on their way. An empty fence is not checked.
 """
 
 from __future__ import annotations
@@ -51,6 +56,12 @@ local function drop_hold(id, mode, actual)
   end
 end
 
+local function stale(epoch_key, epoch)
+  if epoch ~= '' and redis.call('GET', epoch_key) ~= epoch then
+    return redis.error_reply('STALE_EPOCH Redis lost the shared rollups this process joined')
+  end
+end
+
 local function purge_lapsed()
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[2], 'LIMIT', 0, 100)) do
     drop_hold(id, 0, 0)
@@ -61,13 +72,15 @@ end
 RESERVE = (
     _PRELUDE
     + """
--- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry
+-- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry, 6 epoch
 -- ARGV: 1 base, 2 now_us, 3 hold id, 4 tokens, 5 usd_nano, 6 hosted (0/1), 7 rpm, 8 tpm, 9 usd/day,
 --       10 usd/month, 11 hosted usd/day, 12 hosted usd/month (limits: -1 = none), 13 hold lapses at (us),
---       14 day tag, 15 month tag, 16 day ttl s, 17 month ttl s
+--       14 day tag, 15 month tag, 16 day ttl s, 17 month ttl s, 18 epoch joined
 -- Returns {1, day, month, hosted day, hosted month committed (nano), rpm tat, tpm tat}
 --      or {0, rpm, tpm, usd/day, usd/month, hosted/day, hosted/month}: -2 fine, -1 never, 0 refused,
 --         > 0 microseconds until a rate limit admits the request.
+local fenced = stale(KEYS[6], ARGV[18])
+if fenced then return fenced end
 purge_lapsed()
 local tokens, usd, hosted = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local function committed(key, spent, held) return num(key, spent) + num(key, held) end
@@ -127,11 +140,14 @@ RECORD = (
     _PRELUDE
     + """
 -- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry (of the entry's tenant and time),
---       6 series, 7 ids, 8 stream
+--       6 series, 7 ids, 8 stream, 9 epoch
 -- ARGV: 1 base, 2 now_us, 3 hold id ('' none), 4 hold mode, 5 actual tokens, 6 entry id ('' none),
 --       7 kind, 8 backend, 9 usd_nano, 10 equiv_nano, 11 prompt, 12 cached, 13 completion,
---       14 minute of day, 15 entry (JSON), 16 day ttl, 17 month ttl, 18 series ttl, 19 ids ttl, 20 stream maxlen
+--       14 minute of day, 15 entry (JSON), 16 day ttl, 17 month ttl, 18 series ttl, 19 ids ttl, 20 stream maxlen,
+--       21 epoch joined
 -- Returns 1 when the entry was counted, 0 when it already had been (a replay).
+local fenced = stale(KEYS[9], ARGV[21])
+if fenced then return fenced end
 purge_lapsed()
 if ARGV[3] ~= '' then drop_hold(ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])) end
 touch_rate()
@@ -156,6 +172,32 @@ redis.call('HINCRBY', KEYS[6], bucket .. '.usd', ARGV[9])
 redis.call('HINCRBY', KEYS[6], bucket .. '.n', 1)
 redis.call('EXPIRE', KEYS[6], ARGV[18])
 redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[20], '*', 'id', id, 'entry', ARGV[15])
+return 1
+"""
+)
+
+HOLD = (
+    _PRELUDE
+    + """
+-- Holds again what a request in flight holds, in a Redis that lost it (it came back empty) or never had it
+-- (reserved in this process while Redis was away). A hold Redis still has is left as it is. No rate charge
+-- comes with it: the request's settle or release refunds none.
+-- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry, 6 epoch
+-- ARGV: 1 base, 2 now_us, 3 hold id, 4 usd_nano, 5 hosted usd_nano, 6 lapses at (us), 7 day tag, 8 month tag,
+--       9 day ttl s, 10 month ttl s, 11 epoch joined
+-- Returns 1 when the hold was put back, 0 when Redis had it.
+local fenced = stale(KEYS[6], ARGV[11])
+if fenced then return fenced end
+local record = table.concat({ARGV[7], ARGV[8], ARGV[4], ARGV[5], '0', '0', '0'}, '|')
+if redis.call('HSETNX', KEYS[4], ARGV[3], record) == 0 then return 0 end
+for i, key in ipairs({KEYS[1], KEYS[2]}) do
+  redis.call('HINCRBY', key, 'held', ARGV[4])
+  if ARGV[5] ~= '0' then redis.call('HINCRBY', key, 'hosted_held', ARGV[5]) end
+  redis.call('EXPIRE', key, ARGV[8 + i])
+end
+redis.call('ZADD', KEYS[5], ARGV[6], ARGV[3])
+redis.call('EXPIRE', KEYS[4], ARGV[9])
+redis.call('EXPIRE', KEYS[5], ARGV[9])
 return 1
 """
 )

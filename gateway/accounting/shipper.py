@@ -1,8 +1,9 @@
-"""Gets the ledger's outbox into Redis: entries booked while Redis was away, replayed exactly once.
+"""Gets the ledger's outbox into Redis, and this process back to sharing the budgets there.
 
-It probes Redis while the quota believes it down, and on an answer replays every unshipped entry (the
-Lua record script skips ids Redis has already counted) before telling the quota Redis is back, so shared
-budgets include the outage's spend by the time they are enforced again.
+It probes Redis while the quota does not share it, and on an answer rejoins (:mod:`.rebuild`): adds this
+ledger's counted entries back if Redis lost them, replays every unshipped entry (the Lua record script skips
+ids Redis has already counted), puts back the holds of the requests still in flight, and only then lets the
+quota share again, so shared budgets include everything this process knows by the time they are enforced.
 """
 
 from __future__ import annotations
@@ -20,25 +21,28 @@ from .rebuild import Epochs
 
 log = logging.getLogger("spillgate.accounting")
 
+_REJOIN_POLL_S = 0.05
+"""How often a process waiting for the others to put their spend back looks again: its budgeted requests wait."""
+
 
 class Shipper:
     def __init__(
         self,
         quota: RedisQuota,
         ledger: Ledger,
+        epochs: Epochs,
         *,
         interval_s: float = 0.5,
         batch: int = 500,
-        epochs: Epochs | None = None,
         epoch_interval_s: float = 2.0,
     ) -> None:
         self.quota = quota
         self.ledger = ledger
+        self.epochs = epochs
         self.interval_s = interval_s
         self.batch = batch
-        self.epochs = epochs
-        """Tells when Redis came back without its rollups, and adds this process's back (:mod:`.rebuild`)."""
         self.epoch_interval_s = epoch_interval_s
+        """How often an idle process looks whether Redis lost the rollups (a busy one learns it at once)."""
         self._epoch_checked = -float("inf")
         self._holds_renewed = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -60,23 +64,37 @@ class Shipper:
         await self.run_once()  # a last try; what does not make it stays in the file for the next start
 
     async def run_once(self) -> bool:
-        """One pass; True when Redis has every entry and the quota is shared again."""
-        if self.idle:
-            return await self._check_epoch()
-        if self.quota.down and not await self.quota.probe():
-            return False
+        """One pass; True when Redis has every entry and the quota shares it."""
+        quota = self.quota
         try:
-            await self._check_epoch(force=True)
-            await self.ledger.flush()
-            while rows := await self.ledger.unshipped(self.batch):
-                await self.quota.replay(rows, time.time())
-                await self.ledger.mark_shipped([entry.entry_id for entry, _ in rows])
-                log.info("replayed %d ledger entries to Redis", len(rows))
-            await self.quota.replay_releases(time.time())
+            if not quota.down and self._epoch_due() and await self.epochs.lost():
+                quota.lost("STALE_EPOCH: Redis came back without the rollups")
+            if self.idle:
+                return True
+            if quota.down and not await quota.probe():
+                return False
+            if quota.down:
+                await self.epochs.enter(time.time())
+            await self._replay()
+            return not quota.down or await self.epochs.rejoin(time.time())
         except OUTAGE_ERRORS as exc:
-            self.quota.lost(exc)
+            quota.lost(exc)
+            quota.rejoin(False)
             return False
-        self.quota.restored()
+
+    async def _replay(self) -> None:
+        await self.ledger.flush()
+        while rows := await self.ledger.unshipped(self.batch):
+            await self.quota.replay(rows, time.time())
+            await self.ledger.mark_shipped([entry.entry_id for entry, _ in rows])
+            log.info("replayed %d ledger entries to Redis", len(rows))
+        await self.quota.replay_releases(time.time())
+
+    def _epoch_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._epoch_checked < self.epoch_interval_s:
+            return False
+        self._epoch_checked = now
         return True
 
     async def _renew_holds(self) -> None:
@@ -90,27 +108,13 @@ class Shipper:
         except OUTAGE_ERRORS as exc:
             self.quota.lost(exc)
 
-    async def _check_epoch(self, *, force: bool = False) -> bool:
-        """Every ``epoch_interval_s`` (or now, coming out of an outage): did Redis lose the rollups?"""
-        now = time.monotonic()
-        if self.epochs is None or (not force and now - self._epoch_checked < self.epoch_interval_s):
-            return True
-        self._epoch_checked = now
-        try:
-            await self.epochs.check(time.time())
-        except OUTAGE_ERRORS as exc:
-            if force:
-                raise
-            self.quota.lost(exc)
-            return False
-        return True
-
     async def _run_forever(self) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(_REJOIN_POLL_S if self.quota.rejoining else self.interval_s)
             try:
                 await self.run_once()
                 await self._renew_holds()
             except Exception:  # the file may be failing; never let the shipper die
                 log.exception("ledger shipper pass failed")
+                self.quota.rejoin(False)  # budgeted requests must not wait on a pass that cannot finish
             stop_if_cancelled()  # run_once may have caught a cancel that redis-py turned into an outage error
