@@ -12,14 +12,20 @@ both gateways. The schedule (seconds from the start of the load):
 - 18: replica 1 is stopped (SIGSTOP) for 4 s.
 - 28: Redis restarts with its data (a saved snapshot); a budget race follows.
 - 40: Redis restarts empty; a budget race follows on a tenant that had spent half its budget before.
-- 52: gateway 1 is killed (``kill -9``); 55: restarted on its port with its data directory.
+- 46: a budget race paced over two seconds (a request every 10 ms, each taking most of a second), and Redis
+  restarts empty 0.4 s into it, while the requests admitted so far still hold the budget.
+- 51: 50 long hosted streams start on gateway 1, each with its own request id; 52: gateway 1 is killed
+  (``kill -9``) while they stream; 55: restarted on its port with its data directory.
 
 Then the gateways stop cleanly, and the report counts, from what the clients saw and what the ledgers hold:
 requests sent; answered; answered 5xx by the gateway itself before a stream started (any 5xx whose error code
 is not a backend's or a provider's); requests in flight on the killed gateway (cut off: it was killed);
 requests refused by the killed gateway's closed port (a load balancer would send them to the other);
-answered requests missing from both ledgers; each budget's overshoot in worst-case requests; and how long each
-component took to serve again after it came back.
+answered requests missing from both ledgers; each budget's overshoot in worst-case requests (for the
+mid-race restart, also per gateway process: the promise is at most one); the streams the kill cut off, the
+output tokens they had delivered, and how many of them no ledger booked (the restarted gateway books a
+killed process's streams at their worst case); and how long each component took to serve again after it
+came back.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 
 from tests.support.procs import RunningProcess, free_port, start_spillgate
@@ -53,6 +60,17 @@ BURST = 120
 PRICES = {"input_per_mtok": 3.0, "output_per_mtok": 15.0}
 MAX_TOKENS = 32
 BACKEND_CODES = ("backend_", "hosted_")
+MIDRACE_USD = 0.1
+"""The mid-race tenant's daily budget: about 15 of its requests at their worst case."""
+MIDRACE_REQUESTS = 200
+MIDRACE_EVERY_S = 0.01
+MIDRACE_RESTART_S = 0.4
+MIDRACE_MAX_TOKENS = 400
+"""Each mid-race request streams for most of a second, so the restart finds the budget held in flight."""
+STREAMS = 50
+STREAM_MAX_TOKENS = 1500
+"""Each stream lasts about three seconds: all 50 are under way when their gateway is killed."""
+GATEWAYS = 2
 
 
 @dataclass
@@ -66,6 +84,12 @@ class Outcome:
     streamed: bool = False
     refused_connection: bool = False
     tenant: str = "load"
+    body_bytes: int = 0
+    max_tokens: int = MAX_TOKENS
+    tokens: int = 0
+    """Output tokens delivered (counted for the tenants whose streams are matched to the ledgers)."""
+    finished: bool = False
+    """The stream's ``[DONE]`` arrived."""
 
 
 @dataclass
@@ -173,9 +197,10 @@ class Run:
     def config(self, index: int) -> dict[str, Any]:
         assert self.hosted is not None
         budgeted = [
-            {"name": name, "keys": [f"sk-chaos-{name}"], "routes": ["frontier"], "budget": {"usd_per_day": BUDGET_USD}}
-            for name in ("restart", "empty")
+            {"name": name, "keys": [f"sk-chaos-{name}"], "routes": ["frontier"], "budget": {"usd_per_day": usd}}
+            for name, usd in (("restart", BUDGET_USD), ("empty", BUDGET_USD), ("midrace", MIDRACE_USD))
         ]
+        streams = {"name": "streams", "keys": ["sk-chaos-streams"], "routes": ["frontier"]}
         return {
             "pools": [
                 {
@@ -197,7 +222,7 @@ class Run:
                 {"name": "chat", "targets": ["pool"], "policy": "cache_aware"},
                 {"name": "frontier", "targets": ["frontier"]},
             ],
-            "tenants": [{"name": "load", "keys": [LOAD_KEY], "routes": ["chat"]}, *budgeted],
+            "tenants": [{"name": "load", "keys": [LOAD_KEY], "routes": ["chat"]}, *budgeted, streams],
             "health": {"interval_s": 0.2, "timeout_s": 1.0, "unhealthy_after": 1},
             "state": {
                 "data_dir": str(self.base / f"data{index}"),
@@ -218,24 +243,46 @@ class Run:
 # The load --------------------------------------------------------------------------------------------------
 
 
-async def send(run: Run, client: httpx.AsyncClient, gateway: int, key: str, model: str, tenant: str) -> Outcome:
-    outcome = Outcome(run.now(), gateway, None, tenant=tenant)
+async def send(
+    run: Run,
+    client: httpx.AsyncClient,
+    gateway: int,
+    key: str,
+    model: str,
+    tenant: str,
+    *,
+    max_tokens: int = MAX_TOKENS,
+    request_id: str | None = None,
+    count_tokens: bool = False,
+) -> Outcome:
+    outcome = Outcome(run.now(), gateway, None, tenant=tenant, max_tokens=max_tokens, request_id=request_id)
     url = f"http://127.0.0.1:{run.gateway_ports[gateway]}/v1/chat/completions"
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": f"chaos {tenant} {len(run.outcomes)}"}],
-        "max_tokens": MAX_TOKENS,
-        "stream": True,
-    }
+    body = orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": f"chaos {tenant} {len(run.outcomes)}"}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+    )
+    outcome.body_bytes = len(body)  # the gateway holds a prompt of as many tokens as the body has bytes
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    if request_id is not None:
+        headers["x-request-id"] = request_id
     try:
-        async with client.stream("POST", url, json=body, headers={"authorization": f"Bearer {key}"}) as response:
+        async with client.stream("POST", url, content=body, headers=headers) as response:
             outcome.status = response.status_code
-            outcome.request_id = response.headers.get("x-request-id")
+            outcome.request_id = response.headers.get("x-request-id", request_id)
             outcome.backend = response.headers.get("x-spillgate-backend")
             if response.status_code == 200:
                 async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        outcome.streamed = True
+                    if not line.startswith("data: "):
+                        continue
+                    outcome.streamed = True
+                    if line == "data: [DONE]":
+                        outcome.finished = True
+                    elif count_tokens:
+                        outcome.tokens += _content_tokens(line[6:])
             else:
                 text = await response.aread()
                 with contextlib.suppress(ValueError, KeyError, TypeError):
@@ -246,6 +293,15 @@ async def send(run: Run, client: httpx.AsyncClient, gateway: int, key: str, mode
         pass
     run.outcomes.append(outcome)
     return outcome
+
+
+def _content_tokens(data: str) -> int:
+    """1 for a chunk that carries output text (the simulators send a token per chunk), else 0."""
+    try:
+        choices = orjson.loads(data).get("choices") or []
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return sum(1 for choice in choices if (choice.get("delta") or {}).get("content"))
 
 
 async def steady_load(run: Run, client: httpx.AsyncClient, until: float) -> None:
@@ -263,6 +319,46 @@ async def steady_load(run: Run, client: httpx.AsyncClient, until: float) -> None
 async def budget_race(run: Run, client: httpx.AsyncClient, tenant: str) -> None:
     key = f"sk-chaos-{tenant}"
     await asyncio.gather(*(send(run, client, i % 2, key, "frontier", tenant) for i in range(BURST)))
+
+
+async def midrace_restart(run: Run, client: httpx.AsyncClient) -> None:
+    """Requests paced over both gateways, and Redis restarted empty while the first ones still hold the
+    budget: their settles go to a Redis that never saw their holds, and each gateway notices one call at a time."""
+    key = "sk-chaos-midrace"
+
+    async def one(index: int) -> None:
+        await asyncio.sleep(index * MIDRACE_EVERY_S)
+        await send(run, client, index % 2, key, "frontier", "midrace", max_tokens=MIDRACE_MAX_TOKENS)
+
+    async def restart() -> None:
+        await asyncio.sleep(MIDRACE_RESTART_S)
+        run.events["Redis killed mid-race"] = run.now()
+        await asyncio.to_thread(run.stop_redis, save=False)
+        await asyncio.to_thread(run.start_redis)
+        back = run.events["Redis restarted empty mid-race"] = run.now()
+        await wait_served(run, client, "Redis (restart empty mid-race)", back, lambda: gateways_healthy(run, client))
+
+    await asyncio.gather(restart(), *(one(i) for i in range(MIDRACE_REQUESTS)))
+
+
+async def start_streams(run: Run, client: httpx.AsyncClient) -> list[asyncio.Task[Outcome]]:
+    """Long hosted streams on gateway 1, each with its own request id, to be cut off by its kill."""
+    return [
+        asyncio.create_task(
+            send(
+                run,
+                client,
+                1,
+                "sk-chaos-streams",
+                "frontier",
+                "streams",
+                max_tokens=STREAM_MAX_TOKENS,
+                request_id=f"chaos-stream-{index:02d}-{os.urandom(4).hex()}",
+                count_tokens=True,
+            )
+        )
+        for index in range(STREAMS)
+    ]
 
 
 async def spend_half(run: Run, client: httpx.AsyncClient, tenant: str) -> None:
@@ -333,12 +429,19 @@ async def schedule(run: Run, client: httpx.AsyncClient) -> None:
     await asyncio.sleep(3)  # the gateways' epoch checks (every 2 s) add their ledgers' totals back
     await budget_race(run, client, "empty")
 
+    await at(46)
+    run.events["mid-race restart race started"] = run.now()
+    await midrace_restart(run, client)
+
+    await at(51)
+    streams = await start_streams(run, client)
     await at(52)
     gateway = run.gateways[1]
     assert gateway is not None
     os.killpg(gateway.popen.pid, signal.SIGKILL)
     gateway.popen.wait()
     killed = run.events["gateway 1 killed"] = run.now()
+    await asyncio.gather(*streams)
     await at(55)
     await asyncio.to_thread(run.start_gateway, 1)
     back = run.events["gateway 1 back"] = run.now()
@@ -353,19 +456,75 @@ async def schedule(run: Run, client: httpx.AsyncClient) -> None:
 # The report ------------------------------------------------------------------------------------------------
 
 
-def ledger_ids(run: Run) -> dict[str, tuple[str, float]]:
-    """request id -> (tenant, cost) of every entry in both gateways' ledgers."""
-    found: dict[str, tuple[str, float]] = {}
-    for index in range(2):
+@dataclass(frozen=True)
+class Booked:
+    tenant: str
+    cost_usd: float
+    outcome: str
+    completion_tokens: int
+
+
+def ledger_entries(run: Run) -> dict[str, Booked]:
+    """request id -> its entry, of every entry in both gateways' ledgers (the killed one's after its restart)."""
+    found: dict[str, Booked] = {}
+    for index in range(GATEWAYS):
         path = run.base / f"data{index}" / "ledger.sqlite3"
         with sqlite3.connect(path) as db:
-            for request_id, tenant, cost in db.execute("SELECT request_id, tenant, cost_usd FROM entries"):
-                found[request_id] = (tenant, cost)
+            query = "SELECT request_id, tenant, cost_usd, outcome, completion_tokens FROM entries"
+            for request_id, *row in db.execute(query):
+                found[request_id] = Booked(*row)
     return found
 
 
+def worst_case_usd(outcomes: list[Outcome]) -> float:
+    """The dearest worst case the gateway held for one of ``outcomes`` (a hosted request at PRICES)."""
+    return max(
+        (o.body_bytes * PRICES["input_per_mtok"] + o.max_tokens * PRICES["output_per_mtok"]) / 1e6 for o in outcomes
+    )
+
+
+def midrace_budget(run: Run, ledger: dict[str, Booked]) -> dict[str, Any]:
+    sent = [o for o in run.outcomes if o.tenant == "midrace"]
+    spent = sum(b.cost_usd for b in ledger.values() if b.tenant == "midrace")
+    worst = worst_case_usd(sent)
+    over = max(0.0, spent - MIDRACE_USD) / worst
+    started, killed = run.events["mid-race restart race started"], run.events["Redis killed mid-race"]
+    back = run.events["Redis restarted empty mid-race"]
+    return {
+        "spent_usd": round(spent, 6),
+        "budget_usd": MIDRACE_USD,
+        "worst_case_usd": round(worst, 6),
+        "overshoot_requests": round(over, 2),
+        "overshoot_requests_per_process": round(over / GATEWAYS, 2),
+        "admitted": sum(1 for o in sent if o.status == 200),
+        "admitted_after_restart": sum(1 for o in sent if o.status == 200 and o.sent_at >= back),
+        "refused_429": sum(1 for o in sent if o.status == 429),
+        "killed_s_into_race": round(killed - started, 2),
+        "back_s_into_race": round(back - started, 2),
+    }
+
+
+def cut_streams(run: Run, ledger: dict[str, Booked]) -> dict[str, Any]:
+    """The streams gateway 1's kill cut off, from the client side, and whether a ledger booked each."""
+    streams = [o for o in run.outcomes if o.tenant == "streams"]
+    cut = [o for o in streams if o.streamed and not o.finished]
+    unbooked = [o for o in cut if o.request_id not in ledger]
+    booked = [ledger[o.request_id] for o in cut if o.request_id in ledger]
+    return {
+        "sent": len(streams),
+        "streaming_when_killed": len(cut),
+        "finished_before_the_kill": sum(1 for o in streams if o.finished),
+        "never_started": sum(1 for o in streams if not o.streamed),
+        "tokens_delivered_before_the_cut": sum(o.tokens for o in cut),
+        "unbooked_streams": len(unbooked),
+        "booked_at_worst_case": sum(1 for b in booked if b.outcome == "gateway_killed"),
+        "booked_usd": round(sum(b.cost_usd for b in booked), 6),
+        "worst_case_usd_of_the_cut": round(len(cut) * worst_case_usd(cut), 6) if cut else 0.0,
+    }
+
+
 def report(run: Run) -> dict[str, Any]:
-    ledger = ledger_ids(run)
+    ledger = ledger_entries(run)
     killed_at, back_at = run.events["gateway 1 killed"], run.events["gateway 1 back"]
     answered = [o for o in run.outcomes if o.status is not None]
     own_5xx = [
@@ -373,11 +532,12 @@ def report(run: Run) -> dict[str, Any]:
     ]
     cut_off = [o for o in run.outcomes if o.status is None and not o.refused_connection]
     refused = [o for o in run.outcomes if o.refused_connection]
-    served = [o for o in answered if o.status == 200 and o.request_id]
+    # The streams cut off on purpose are counted apart (cut_streams): a stream cut after its headers is a 200.
+    served = [o for o in answered if o.status == 200 and o.request_id and o.tenant != "streams"]
     missing = [o.request_id for o in served if o.request_id not in ledger]
     budgets = {}
     for tenant in ("restart", "empty"):
-        costs = [cost for who, cost in ledger.values() if who == tenant]
+        costs = [b.cost_usd for b in ledger.values() if b.tenant == tenant]
         spent = sum(costs)
         budgets[tenant] = {
             "spent_usd": round(spent, 6),
@@ -400,6 +560,8 @@ def report(run: Run) -> dict[str, Any]:
         "served": len(served),
         "ledger_entries_missing": len(missing),
         "budgets": budgets,
+        "midrace": midrace_budget(run, ledger),
+        "streams": cut_streams(run, ledger),
         "recovery_s": run.recovery_s,
     }
 
@@ -435,6 +597,27 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{b['admitted']} admitted, {b['refused_429']} refused)",
             )
         )
+    m = result["midrace"]
+    rows.append(
+        (
+            f"budget overshoot after Redis restart empty mid-race (killed {m['killed_s_into_race']} s in, "
+            f"back at {m['back_s_into_race']} s)",
+            f"{m['overshoot_requests_per_process']} worst-case requests per process, "
+            f"{m['overshoot_requests']} in all (${m['spent_usd']} of ${m['budget_usd']}; worst case "
+            f"${m['worst_case_usd']}; {m['admitted']} admitted, {m['admitted_after_restart']} after the restart, "
+            f"{m['refused_429']} refused)",
+        )
+    )
+    st = result["streams"]
+    rows.append(
+        (
+            "hosted streams cut off by the gateway kill: unbooked",
+            f"{st['unbooked_streams']} of {st['streaming_when_killed']} ({st['tokens_delivered_before_the_cut']} "
+            f"output tokens delivered before the cut; {st['booked_at_worst_case']} booked at their worst case, "
+            f"${st['booked_usd']} of ${st['worst_case_usd_of_the_cut']}; {st['finished_before_the_kill']} finished "
+            f"before it, {st['never_started']} never started)",
+        )
+    )
     for name, seconds in result["recovery_s"].items():
         rows.append((f"serving again: {name}", f"{seconds} s"))
     lines = ["| measure | result |", "| --- | --- |", *(f"| {a} | {b} |" for a, b in rows)]
