@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 import yaml
 
-from backends.hosted.client import provider_of
 from gateway.catalog import build_catalog
 from gateway.config import ConfigError, GatewayConfig, parse_config
 from gateway.config_history import (
@@ -74,7 +73,7 @@ class LiveConfig:
         self._startup_hosts = startup_hosts(raw)
         """Where the config at start sends requests: the hosts an edit may use unless ``secrets.upstream_hosts``
         says otherwise."""
-        self._bindings = SecretBindings(raw, state.config.secrets.upstream_hosts, provider_of)
+        self._bindings = SecretBindings(raw, state.config.secrets.upstream_hosts, _provider_of)
         self._startup_env = {name for _, name in env_references(raw)}
         """The environment variables the config at start names: the only ones an edit may name, unless
         ``secrets.env`` lists others."""
@@ -312,6 +311,14 @@ class LiveConfig:
             log.error("fleet config version %d cannot run here; keeping %d: %s", number, self.current.version, exc)
             return
         log.info("config version %d adopted from the fleet", number)
+
+
+def _provider_of(model: str) -> str | None:
+    """The litellm provider of ``model``; litellm takes seconds to import, so only a hosted model without an
+    ``api_base`` pays for it."""
+    from backends.hosted.client import provider_of
+
+    return provider_of(model)
 
 
 def restart_problems(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, str]]:
