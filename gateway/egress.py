@@ -99,12 +99,8 @@ def startup_hosts(raw: Any) -> list[str]:
 def url_problems(raw: Any, hosts: Iterable[str], *, default: bool) -> list[tuple[str, str]]:
     """The replica URLs and ``api_base``s in ``raw`` whose host is not one of ``hosts``."""
     hosts = list(hosts)
-    what = "secrets.upstream_hosts (by default the hosts of the config at start)" if default else None
-    return [
-        (path, f"{url} is not in {what or 'secrets.upstream_hosts'}")
-        for path, url in upstream_urls(raw)
-        if not host_allowed(url, hosts)
-    ]
+    where = "secrets.upstream_hosts" + (" (by default the hosts of the config at start)" if default else "")
+    return [(path, f"{url} is not in {where}") for path, url in upstream_urls(raw) if not host_allowed(url, hosts)]
 
 
 def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> Iterator[tuple[str, str, str]]:
