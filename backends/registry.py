@@ -18,11 +18,11 @@ from typing import Protocol
 
 import httpx
 
-from backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
-from backends.engines.base import Get
-from backends.outlier import Breaker, OutlierRules
-from backends.prefill_rate import PrefillRateEstimator
-from policies.types import BackendKind, BackendState, Snapshot
+from spillgate.backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
+from spillgate.backends.engines.base import Get
+from spillgate.backends.outlier import Breaker, OutlierRules
+from spillgate.backends.prefill_rate import PrefillRateEstimator
+from spillgate.policies.types import BackendKind, BackendState, Snapshot
 
 log = logging.getLogger("spillgate.backends")
 
@@ -75,7 +75,8 @@ class Backend:
     last_first_token_at: float = 0.0
     """When the latest first token of a streamed request came back from here (``perf_counter``)."""
     running_prefill_tokens: int = 0
-    """Of ``pending_prefill_tokens``, those of the prefill batch in progress here (:mod:`gateway.coalesce`)..."""
+    """Of ``pending_prefill_tokens``, those of the prefill batch in progress here
+    (:mod:`gateway.dispatch.coalesce`)..."""
     running_prefill_since: float = 0.0
     """...which started then (``time.monotonic``): what it has computed since is counted as done."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
@@ -84,9 +85,9 @@ class Backend:
     (see ``BackendState``)."""
     prefilled_tokens: int = 0
     """Uncached prompt tokens of this process's streamed requests whose first token came back: a running total
-    the other gateway processes read (:mod:`gateway.peer_load`)."""
+    the other gateway processes read (:mod:`gateway.dispatch.peer_load`)."""
     peer_in_flight: int = 0
-    """The other gateway processes' requests in flight here, as they last said (:mod:`gateway.peer_load`)..."""
+    """The other gateway processes' requests in flight here, as they last said (:mod:`gateway.dispatch.peer_load`)..."""
     peer_pending_prefill_tokens: int = 0
     """...their uncached prompt tokens not yet past the first token..."""
     peer_outstanding_tokens: int = 0

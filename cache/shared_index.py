@@ -11,7 +11,7 @@ stream would have trimmed those anyway), so an outage of any length costs bounde
 
 Besides the index, processes announce the new prefixes they have sent and not yet seen start prefilling
 (``computing``, then ``started``), so that another process's request sharing one waits for that prefill
-instead of joining its batch and computing the prefix again (:mod:`gateway.coalesce`).
+instead of joining its batch and computing the prefix again (:mod:`gateway.dispatch.coalesce`).
 
 Measured cost on the request path: appending to an in-memory list (well under a microsecond) instead of
 a Redis round trip (~100-200 us on loopback) per decision.
@@ -31,8 +31,8 @@ from typing import Literal, Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from cache.index import PrefixIndex
-from gateway.tasks import stop_if_cancelled
+from spillgate.cache.index import PrefixIndex
+from spillgate.gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.prefix.shared")
 
@@ -45,7 +45,8 @@ _RETRY_S = 1.0
 
 
 class RemotePrefills(Protocol):
-    """What a process does with the prefills other processes announce (:class:`gateway.coalesce.PrefillsInFlight`)."""
+    """What a process does with the prefills other processes announce
+    (:class:`gateway.dispatch.coalesce.PrefillsInFlight`)."""
 
     def computing_elsewhere(self, origin: bytes, number: int, replica: str, hashes: Sequence[int]) -> None: ...
 

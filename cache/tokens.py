@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from cache.fingerprint import canonical_completion, canonical_records
+from spillgate.cache.fingerprint import canonical_completion, canonical_records
 
 DEFAULT_CACHE_TOKENS = 2_000_000
 """Token ids kept for repeated records: 8 MB as 32-bit integers."""

@@ -15,18 +15,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from backends.registry import Backend
-from gateway.admin import admin_router
-from gateway.admission import InFlightLimit, ReadingBudget
-from gateway.capacity.api import capacity_report, capacity_router, publish
-from gateway.dashboard import dashboard_router
-from gateway.errors import ApiError, error_body
-from gateway.exchange import Receive, Scope, Send
-from gateway.openapi import install_openapi
-from gateway.proxy import CompletionsHandler
-from gateway.spend_api import spend_router
-from gateway.state import GatewayState
-from gateway.tenants import require_metrics_token
+from spillgate.backends.registry import Backend
+from spillgate.gateway.capacity.api import capacity_report, capacity_router, publish
+from spillgate.gateway.control.admin import admin_router
+from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.observability.dashboard import dashboard_router
+from spillgate.gateway.openapi import install_openapi
+from spillgate.gateway.serving.exchange import Receive, Scope, Send
+from spillgate.gateway.serving.proxy import CompletionsHandler
+from spillgate.gateway.serving.slots import InFlightLimit, ReadingBudget
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.spend_api import spend_router
+from spillgate.gateway.tenancy.tenants import require_metrics_token
 
 log = logging.getLogger("spillgate.gateway")
 

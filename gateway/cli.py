@@ -11,9 +11,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spillgate", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    from backends.sim import cli as sim_cli
-    from gateway import plan, serve
-    from gateway.bench import cli as bench_cli
+    from spillgate.backends.sim import cli as sim_cli
+    from spillgate.gateway import plan, serve
+    from spillgate.gateway.bench import cli as bench_cli
 
     serve.add_arguments(commands.add_parser("serve", help="run the gateway (default: the embedded demo)"))
     bench_cli.add_arguments(

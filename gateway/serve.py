@@ -12,13 +12,13 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.app import GatewayApp
-from gateway.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
-from gateway.connections import guarded_protocol
-from gateway.live_config import LiveConfig
-from gateway.secrets import MissingSecret
-from gateway.state import build_state
-from gateway.supervisor import ChildProcesses
+from spillgate.gateway.app import GatewayApp
+from spillgate.gateway.control.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
+from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.control.secrets import MissingSecret
+from spillgate.gateway.serving.connections import guarded_protocol
+from spillgate.gateway.state import build_state
+from spillgate.gateway.supervisor import ChildProcesses
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,30 +13,30 @@ import httpx
 import redis.asyncio as aioredis
 from tokenizers import Tokenizer
 
-from backends.hosted import HostedModel
-from backends.hosted.direct import new_http_client
-from backends.http1 import Http1Client
-from backends.outlier import OutlierRules
-from backends.registry import BackendRegistry
-from cache.shared_index import SharedPrefixIndex
-from cache.tokens import PromptTokenizer
-from gateway.accounting import Accountant, make_client
-from gateway.accounting.rent import RentBook
-from gateway.capacity.recorder import CapacityRecorder
-from gateway.capacity.sampler import sample_forever
-from gateway.catalog import Catalog, Endpoints, build_catalog
-from gateway.coalesce import PrefillsInFlight
-from gateway.config import ConfigError, GatewayConfig
-from gateway.live_config import LiveConfig
-from gateway.metrics import GatewayMetrics
-from gateway.peer_load import PeerLoad
-from gateway.prefix import PrefixTracker
-from gateway.retry_budget import RetryBudget
-from gateway.routes import Route
-from gateway.secrets import resolve_secret
-from gateway.spend_view import LedgerSpend
-from gateway.tenants import TenantDirectory
-from policies.complexity import ComplexityClassifier
+from spillgate.backends.hosted import HostedModel
+from spillgate.backends.hosted.direct import new_http_client
+from spillgate.backends.http1 import Http1Client
+from spillgate.backends.outlier import OutlierRules
+from spillgate.backends.registry import BackendRegistry
+from spillgate.cache.shared_index import SharedPrefixIndex
+from spillgate.cache.tokens import PromptTokenizer
+from spillgate.gateway.accounting import Accountant, make_client
+from spillgate.gateway.accounting.rent import RentBook
+from spillgate.gateway.capacity.recorder import CapacityRecorder
+from spillgate.gateway.capacity.sampler import sample_forever
+from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
+from spillgate.gateway.control.config import ConfigError, GatewayConfig
+from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.control.routes import Route
+from spillgate.gateway.control.secrets import resolve_secret
+from spillgate.gateway.dispatch.coalesce import PrefillsInFlight
+from spillgate.gateway.dispatch.peer_load import PeerLoad
+from spillgate.gateway.dispatch.prefix import PrefixTracker
+from spillgate.gateway.dispatch.retry_budget import RetryBudget
+from spillgate.gateway.observability.metrics import GatewayMetrics
+from spillgate.gateway.tenancy.spend_view import LedgerSpend
+from spillgate.gateway.tenancy.tenants import TenantDirectory
+from spillgate.policies.complexity import ComplexityClassifier
 
 _ASSUMED_KV_TOKENS = 200_000
 """Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""

@@ -40,7 +40,7 @@ class ChildProcesses:
         """Start ``spillgate COMMAND --port <free> ARGS`` and return its base URL (not yet waited for)."""
         port = free_port(self._host)
         child = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", command, "--host", self._host, "--port", str(port), *args],
+            [sys.executable, "-m", "spillgate.gateway.cli", command, "--host", self._host, "--port", str(port), *args],
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )

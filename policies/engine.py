@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from policies.prediction import Candidates
-from policies.types import BackendState, Decision, NoCandidate, RouteRequest, Snapshot
+from spillgate.policies.prediction import Candidates
+from spillgate.policies.types import BackendState, Decision, NoCandidate, RouteRequest, Snapshot
 
 
 class Filter(Protocol):

@@ -10,8 +10,8 @@ from operator import itemgetter
 
 import xxhash
 
-from policies.prediction import Candidates
-from policies.types import BackendState, RouteRequest
+from spillgate.policies.prediction import Candidates
+from spillgate.policies.types import BackendState, RouteRequest
 
 
 @dataclass(frozen=True, slots=True)

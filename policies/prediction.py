@@ -6,7 +6,7 @@ depending on any particular scorer.
 
 from __future__ import annotations
 
-from policies.types import BackendState, RouteRequest
+from spillgate.policies.types import BackendState, RouteRequest
 
 
 def predicted_ttft(request: RouteRequest, backend: BackendState) -> float:

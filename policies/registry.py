@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies.engine import FixedReason, Policy, WeightedScorer
-from policies.plugins import (
+from spillgate.policies.engine import FixedReason, Policy, WeightedScorer
+from spillgate.policies.plugins import (
     BestScorePicker,
     ConsistentHashPicker,
     HealthyFilter,

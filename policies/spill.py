@@ -20,9 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from policies.engine import Policy
-from policies.prediction import predicted_ttft
-from policies.types import BackendState, Decision, NoCandidate, OverCapacity, RouteRequest, Snapshot, Unservable
+from spillgate.policies.engine import Policy
+from spillgate.policies.prediction import predicted_ttft
+from spillgate.policies.types import (
+    BackendState,
+    Decision,
+    NoCandidate,
+    OverCapacity,
+    RouteRequest,
+    Snapshot,
+    Unservable,
+)
 
 OnSloMiss = Literal["fastest", "queue", "reject"]
 _DEFAULT_OUTPUT_TOKENS = 256

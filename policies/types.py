@@ -44,7 +44,7 @@ class RouteRequest(NamedTuple):
 class BackendState(NamedTuple):
     """One candidate backend as last observed: scraped figures plus the gateway's own in-flight count.
 
-    "The gateway" is every process of it that shares its load through Redis (:mod:`gateway.peer_load`): this
+    "The gateway" is every process of it that shares its load through Redis (:mod:`gateway.dispatch.peer_load`): this
     process's counts, exact, plus the others' as they last said them."""
 
     name: str

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from backends.engines.base import Engine, ReplicaInfo, ReplicaLoad
-from backends.engines.openai import OpenAICompatible
-from backends.engines.sglang import SGLang
-from backends.engines.vllm import VLLM
+from spillgate.backends.engines.base import Engine, ReplicaInfo, ReplicaLoad
+from spillgate.backends.engines.openai import OpenAICompatible
+from spillgate.backends.engines.sglang import SGLang
+from spillgate.backends.engines.vllm import VLLM
 
 EngineName = Literal["sglang", "vllm", "openai"]
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (SGLang(), VLLM(), OpenAICompatible())}

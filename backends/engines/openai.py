@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, model_context_window
+from spillgate.backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, model_context_window
 
 
 class OpenAICompatible(Engine):

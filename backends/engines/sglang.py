@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from backends.engines.base import (
+from spillgate.backends.engines.base import (
     Engine,
     Get,
     ReplicaInfo,
@@ -24,7 +24,7 @@ from backends.engines.base import (
     model_context_window,
     openai_error_message,
 )
-from backends.engines.prometheus import read_figures
+from spillgate.backends.engines.prometheus import read_figures
 
 _SUMMED = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued"}
 _PEAK = {"sglang:token_usage": "token_usage", "sglang:cache_hit_rate": "cache_hit_rate"}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, as_int, model_context_window
-from backends.engines.prometheus import labels_of, read_figures
+from spillgate.backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, as_int, model_context_window
+from spillgate.backends.engines.prometheus import labels_of, read_figures
 
 _SUMMED = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "queued"}
 _PEAK = {"vllm:kv_cache_usage_perc": "token_usage"}

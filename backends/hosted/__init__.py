@@ -6,11 +6,11 @@ usage and cost; failures are ``HostedError`` with a ``kind`` the gateway can act
 imported offline and only by ``client``/``pricing`` (it takes seconds): this package's root stays light.
 """
 
-from backends.hosted.errors import ErrorKind, HostedError
-from backends.hosted.model import HostedModel
-from backends.hosted.pricing import Price, PriceOverride, UnknownModelPrice
-from backends.hosted.response import HostedCompletion, Usage
-from backends.hosted.stream import HostedStream
+from spillgate.backends.hosted.errors import ErrorKind, HostedError
+from spillgate.backends.hosted.model import HostedModel
+from spillgate.backends.hosted.pricing import Price, PriceOverride, UnknownModelPrice
+from spillgate.backends.hosted.response import HostedCompletion, Usage
+from spillgate.backends.hosted.stream import HostedStream
 
 __all__ = [
     "ErrorKind",

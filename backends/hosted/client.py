@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 import orjson
 
-from backends.hosted.direct import answer, open_stream, relays_directly
-from backends.hosted.errors import classify, silence
-from backends.hosted.model import HostedModel
-from backends.hosted.openai_format import completion_json, usage_from
-from backends.hosted.response import HostedCompletion, cost_of
-from backends.hosted.runtime import litellm
-from backends.hosted.stream import HostedStream
+from spillgate.backends.hosted.direct import answer, open_stream, relays_directly
+from spillgate.backends.hosted.errors import classify, silence
+from spillgate.backends.hosted.model import HostedModel
+from spillgate.backends.hosted.openai_format import completion_json, usage_from
+from spillgate.backends.hosted.response import HostedCompletion, cost_of
+from spillgate.backends.hosted.runtime import litellm
+from spillgate.backends.hosted.stream import HostedStream
 
 # OpenAI chat-completion fields a client may set; anything else in the body is dropped, so a client
 # can never steer litellm itself (api_base, api_key, extra_headers, mock_response, metadata, ...).

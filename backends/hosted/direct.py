@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
-from backends.hosted.model import HostedModel
+from spillgate.backends.hosted.model import HostedModel
 
 OPENAI_API_BASE = "https://api.openai.com/v1"
 _PREFIX = "openai/"

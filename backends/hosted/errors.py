@@ -17,7 +17,7 @@ from typing import Literal
 
 import httpx
 
-from backends.hosted.scrub import scrub
+from spillgate.backends.hosted.scrub import scrub
 
 # rate_limited: 429 (see retry_after_s). server_error: 5xx. timeout: silence longer than timeout_s.
 # connect: the provider could not be reached, or dropped the connection before answering.

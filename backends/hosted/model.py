@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.hosted.pricing import Price, PriceOverride, price_for
+from spillgate.backends.hosted.pricing import Price, PriceOverride, price_for
 
 # Extra litellm arguments whose values are credentials (Bedrock, Azure, Vertex): scrubbed like api_key.
 _SECRET_PARAM_WORDS = ("key", "secret", "token", "password", "credential")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.hosted.response import Usage
+from spillgate.backends.hosted.response import Usage
 
 _HEAD = ("id", "created", "model", "system_fingerprint", "service_tier")
 _MESSAGE = ("role", "content", "reasoning_content", "tool_calls", "function_call", "refusal", "audio", "annotations")

@@ -87,7 +87,7 @@ def _per_token(per_mtok: float | None, mapped: float | None) -> float | None:
 
 def _mapped_per_token(model_key: str) -> tuple[float | None, ...]:
     """(input, output, cached input) USD per token from the bundled map; None where it has no figure."""
-    from backends.hosted.runtime import litellm  # imported on first use: it takes seconds
+    from spillgate.backends.hosted.runtime import litellm  # imported on first use: it takes seconds
 
     try:
         info: dict[str, Any] = dict(litellm.get_model_info(model_key))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backends.hosted.pricing import Price
+from spillgate.backends.hosted.pricing import Price
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from backends.hosted.scrub import RedactingFilter
+from spillgate.backends.hosted.scrub import RedactingFilter
 
 # Set before ``import litellm``: each is read at import or at first use of the feature.
 OFFLINE_ENVIRONMENT = {

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from backends.hosted.errors import HostedError, classify, silence
-from backends.hosted.model import HostedModel
-from backends.hosted.openai_format import chunk_json, usage_from
-from backends.hosted.response import Usage, cost_of
+from spillgate.backends.hosted.errors import HostedError, classify, silence
+from spillgate.backends.hosted.model import HostedModel
+from spillgate.backends.hosted.openai_format import chunk_json, usage_from
+from spillgate.backends.hosted.response import Usage, cost_of
 
 DONE = b"data: [DONE]\n\n"
 

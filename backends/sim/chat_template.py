@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from backends.sim.tokenizer import BEGIN_OF_TEXT, END_HEADER, END_OF_TURN, START_HEADER, Tokenizer
+from spillgate.backends.sim.tokenizer import BEGIN_OF_TEXT, END_HEADER, END_OF_TURN, START_HEADER, Tokenizer
 
 _DATE_PREAMBLE = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
 _TOOLS_PREAMBLE = (

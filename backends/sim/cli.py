@@ -10,10 +10,10 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
-from backends.sim.config import ReplicaConfig
-from backends.sim.hosted import HostedConfig, create_hosted_app
-from backends.sim.presets import PRESETS
-from backends.sim.server import create_app
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.hosted import HostedConfig, create_hosted_app
+from spillgate.backends.sim.presets import PRESETS
+from spillgate.backends.sim.server import create_app
 
 GRACEFUL_SHUTDOWN_S = 3
 VLLM_BLOCK_SIZE = 16
@@ -66,7 +66,7 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
-    from backends.sim.hosted_faults import add_fault_arguments
+    from spillgate.backends.sim.hosted_faults import add_fault_arguments
 
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -170,7 +170,7 @@ def run_replica(args: argparse.Namespace) -> int:
 def run_hosted(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from backends.sim.hosted_faults import faults_from_args
+    from spillgate.backends.sim.hosted_faults import faults_from_args
 
     config = dataclasses.replace(
         hosted_config_from_args(args),

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from backends.sim.presets import Preset, get_preset
-from backends.sim.scheduler import SchedulerLimits
+from spillgate.backends.sim.presets import Preset, get_preset
+from spillgate.backends.sim.scheduler import SchedulerLimits
 
 SGLANG_VERSION = "0.5.23"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default for /generate

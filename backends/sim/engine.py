@@ -13,12 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from backends.sim.config import ReplicaConfig
-from backends.sim.generation import TokenStream, plan_output, request_seed
-from backends.sim.metrics import ReplicaMetrics
-from backends.sim.request import SimRequest
-from backends.sim.scheduler import Scheduler
-from backends.sim.tokenizer import Tokenizer, check_token_ids
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.generation import TokenStream, plan_output, request_seed
+from spillgate.backends.sim.metrics import ReplicaMetrics
+from spillgate.backends.sim.request import SimRequest
+from spillgate.backends.sim.scheduler import Scheduler
+from spillgate.backends.sim.tokenizer import Tokenizer, check_token_ids
 
 DISCONNECT_POLL_S = 0.5
 

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 
-from backends.sim.wire import OrjsonResponse
+from spillgate.backends.sim.wire import OrjsonResponse
 
 
 def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> dict[str, Any]:

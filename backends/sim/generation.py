@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from backends.sim.tokenizer import END_OF_TURN, Tokenizer
+from spillgate.backends.sim.tokenizer import END_OF_TURN, Tokenizer
 
 MIN_NATURAL_TOKENS = 16
 MAX_NATURAL_TOKENS = 400

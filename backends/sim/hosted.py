@@ -16,13 +16,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.responses import StreamingResponse
 
-from backends.sim.errors import validation_message
-from backends.sim.hosted_anthropic import add_anthropic_routes
-from backends.sim.hosted_faults import Fault
-from backends.sim.hosted_model import HostedConfig, SimHostedModel, finish_reason, key_accepted
-from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
-from backends.sim.tokenizer import check_token_ids
-from backends.sim.wire import DONE, OrjsonResponse, sse_event
+from spillgate.backends.sim.errors import validation_message
+from spillgate.backends.sim.hosted_anthropic import add_anthropic_routes
+from spillgate.backends.sim.hosted_faults import Fault
+from spillgate.backends.sim.hosted_model import HostedConfig, SimHostedModel, finish_reason, key_accepted
+from spillgate.backends.sim.protocol import ChatCompletionRequest, CompletionRequest
+from spillgate.backends.sim.tokenizer import check_token_ids
+from spillgate.backends.sim.wire import DONE, OrjsonResponse, sse_event
 
 __all__ = ["HostedConfig", "create_hosted_app"]
 

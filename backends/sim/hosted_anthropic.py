@@ -21,10 +21,10 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import StreamingResponse
 
-from backends.sim.generation import OutputPlan
-from backends.sim.hosted_faults import Fault
-from backends.sim.hosted_model import SimHostedModel, key_accepted
-from backends.sim.wire import OrjsonResponse
+from spillgate.backends.sim.generation import OutputPlan
+from spillgate.backends.sim.hosted_faults import Fault
+from spillgate.backends.sim.hosted_model import SimHostedModel, key_accepted
+from spillgate.backends.sim.wire import OrjsonResponse
 
 # A content_block_delta cut off mid-JSON: what a broken proxy or a truncated write looks like.
 MALFORMED_EVENT = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta": {"te\n\n'

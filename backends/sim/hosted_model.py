@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from backends.sim.chat_template import ChatTemplate
-from backends.sim.clock import VirtualClock
-from backends.sim.generation import OutputPlan, TokenStream, plan_output, request_seed
-from backends.sim.hosted_cache import PromptCache
-from backends.sim.hosted_faults import FaultConfig, FaultSchedule
-from backends.sim.tokenizer import Tokenizer
+from spillgate.backends.sim.chat_template import ChatTemplate
+from spillgate.backends.sim.clock import VirtualClock
+from spillgate.backends.sim.generation import OutputPlan, TokenStream, plan_output, request_seed
+from spillgate.backends.sim.hosted_cache import PromptCache
+from spillgate.backends.sim.hosted_faults import FaultConfig, FaultSchedule
+from spillgate.backends.sim.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from backends.sim.request import SimRequest
-from backends.sim.scheduler import SchedulerStats
+from spillgate.backends.sim.request import SimRequest
+from spillgate.backends.sim.scheduler import SchedulerStats
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)

@@ -11,15 +11,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from backends.sim import payloads
-from backends.sim.config import DEFAULT_MAX_NEW_TOKENS, SGLANG_VERSION
-from backends.sim.engine import GenerationParams, RequestHandle
-from backends.sim.errors import native_error_response
-from backends.sim.presets import GIB
-from backends.sim.protocol import GenerateRequest, SamplingParams
-from backends.sim.replica import Replica, ReplicaDep
-from backends.sim.tokenizer import BEGIN_OF_TEXT
-from backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
+from spillgate.backends.sim import payloads
+from spillgate.backends.sim.config import DEFAULT_MAX_NEW_TOKENS, SGLANG_VERSION
+from spillgate.backends.sim.engine import GenerationParams, RequestHandle
+from spillgate.backends.sim.errors import native_error_response
+from spillgate.backends.sim.presets import GIB
+from spillgate.backends.sim.protocol import GenerateRequest, SamplingParams
+from spillgate.backends.sim.replica import Replica, ReplicaDep
+from spillgate.backends.sim.tokenizer import BEGIN_OF_TEXT
+from spillgate.backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 FLUSH_OK = (

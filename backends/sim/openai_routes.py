@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
-from backends.sim import payloads
-from backends.sim.engine import GenerationParams, RequestHandle
-from backends.sim.errors import error_response
-from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
-from backends.sim.replica import Replica, ReplicaDep
-from backends.sim.tokenizer import BEGIN_OF_TEXT
-from backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
+from spillgate.backends.sim import payloads
+from spillgate.backends.sim.engine import GenerationParams, RequestHandle
+from spillgate.backends.sim.errors import error_response
+from spillgate.backends.sim.protocol import ChatCompletionRequest, CompletionRequest
+from spillgate.backends.sim.replica import Replica, ReplicaDep
+from spillgate.backends.sim.tokenizer import BEGIN_OF_TEXT
+from spillgate.backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
 
 router = APIRouter()
 

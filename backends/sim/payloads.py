@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from backends.sim.request import SimRequest
+from spillgate.backends.sim.request import SimRequest
 
 
 def finish_type(req: SimRequest) -> str | None:

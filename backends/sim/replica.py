@@ -7,14 +7,14 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from backends.sim.chat_template import ChatTemplate
-from backends.sim.clock import VirtualClock
-from backends.sim.config import ReplicaConfig
-from backends.sim.engine import Engine
-from backends.sim.metrics import ReplicaMetrics
-from backends.sim.scheduler import Scheduler
-from backends.sim.tokenizer import Tokenizer
-from backends.sim.vllm_metrics import VllmMetrics
+from spillgate.backends.sim.chat_template import ChatTemplate
+from spillgate.backends.sim.clock import VirtualClock
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.engine import Engine
+from spillgate.backends.sim.metrics import ReplicaMetrics
+from spillgate.backends.sim.scheduler import Scheduler
+from spillgate.backends.sim.tokenizer import Tokenizer
+from spillgate.backends.sim.vllm_metrics import VllmMetrics
 
 
 class Replica:

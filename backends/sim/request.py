@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.sim.generation import OutputPlan, TokenStream
-from backends.sim.radix_cache import TreeNode
+from spillgate.backends.sim.generation import OutputPlan, TokenStream
+from spillgate.backends.sim.radix_cache import TreeNode
 
 
 @dataclass(eq=False)

@@ -21,11 +21,11 @@ import contextlib
 from collections import deque
 from dataclasses import dataclass
 
-from backends.sim import timing
-from backends.sim.clock import VirtualClock
-from backends.sim.presets import Preset
-from backends.sim.radix_cache import RadixCache
-from backends.sim.request import SimRequest
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.clock import VirtualClock
+from spillgate.backends.sim.presets import Preset
+from spillgate.backends.sim.radix_cache import RadixCache
+from spillgate.backends.sim.request import SimRequest
 
 CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO = 0.7

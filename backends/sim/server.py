@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from backends.sim import native_routes, openai_routes, vllm_face
-from backends.sim.config import ReplicaConfig
-from backends.sim.errors import install_error_handlers
-from backends.sim.replica import Replica
+from spillgate.backends.sim import native_routes, openai_routes, vllm_face
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.errors import install_error_handlers
+from spillgate.backends.sim.replica import Replica
 
 
 def create_app(config: ReplicaConfig) -> FastAPI:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from backends.sim.presets import Preset
+from spillgate.backends.sim.presets import Preset
 
 
 def _allreduce_seconds(preset: Preset) -> float:

@@ -21,12 +21,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from backends.sim.engine import GenerationParams, RequestHandle
-from backends.sim.protocol import ChatCompletionRequest, CompletionRequest
-from backends.sim.replica import Replica, ReplicaDep
-from backends.sim.request import SimRequest
-from backends.sim.tokenizer import BEGIN_OF_TEXT
-from backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
+from spillgate.backends.sim.engine import GenerationParams, RequestHandle
+from spillgate.backends.sim.protocol import ChatCompletionRequest, CompletionRequest
+from spillgate.backends.sim.replica import Replica, ReplicaDep
+from spillgate.backends.sim.request import SimRequest
+from spillgate.backends.sim.tokenizer import BEGIN_OF_TEXT
+from spillgate.backends.sim.wire import DONE, EventStreamResponse, OrjsonResponse, sse_event
 
 VLLM_VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VLLM_VERSION}-sim"

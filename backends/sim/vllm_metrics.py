@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from backends.sim.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
-from backends.sim.request import SimRequest
-from backends.sim.scheduler import SchedulerStats
+from spillgate.backends.sim.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from spillgate.backends.sim.request import SimRequest
+from spillgate.backends.sim.scheduler import SchedulerStats
 
 LABELS = ("model_name", "engine")
 _CACHE_CONFIG = {

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 
-from gateway.tasks import stop_if_cancelled
+from spillgate.gateway.tasks import stop_if_cancelled
 
 from .ledger import Ledger
 from .quota_redis import OUTAGE_ERRORS, RedisQuota

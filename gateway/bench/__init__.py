@@ -2,7 +2,7 @@
 
 Python API::
 
-    from gateway.bench import BenchConfig, run_bench
+    from spillgate.gateway.bench import BenchConfig, run_bench
     result = await run_bench(BenchConfig(url="http://127.0.0.1:8080", workload="gsp", concurrency=(4,)))
     result.levels[0].summary.ttft_ms.p99
 
@@ -12,8 +12,8 @@ of load), ``stats`` (figures, per phase too), ``report`` (table and JSON), ``pro
 (``run_bench``), ``cli`` (the subcommand).
 """
 
-from gateway.bench.api import BenchError, BenchResult, LevelResult, run_bench
-from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from spillgate.gateway.bench.api import BenchError, BenchResult, LevelResult, run_bench
+from spillgate.gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
 
 __all__ = [
     "AgentKnobs",

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.bench import arrivals, text
-from gateway.bench.client import ChatClient, RequestResult, api_paths
-from gateway.bench.config import BenchConfig
-from gateway.bench.progress import Progress
-from gateway.bench.runner import Load, run_level
-from gateway.bench.stats import PhaseSummary, Slo, Summary, summarize, summarize_phases
-from gateway.bench.trace import TraceRecord, arrival_offsets, load_trace, scaled
-from gateway.bench.workloads import build_workload
+from spillgate.gateway.bench import arrivals, text
+from spillgate.gateway.bench.client import ChatClient, RequestResult, api_paths
+from spillgate.gateway.bench.config import BenchConfig
+from spillgate.gateway.bench.progress import Progress
+from spillgate.gateway.bench.runner import Load, run_level
+from spillgate.gateway.bench.stats import PhaseSummary, Slo, Summary, summarize, summarize_phases
+from spillgate.gateway.bench.trace import TraceRecord, arrival_offsets, load_trace, scaled
+from spillgate.gateway.bench.workloads import build_workload
 
 _DRAIN_MARGIN_S = 5.0
 

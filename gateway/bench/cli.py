@@ -14,11 +14,18 @@ from pathlib import Path
 
 import orjson
 
-from gateway.bench.api import BenchError, BenchResult, run_bench
-from gateway.bench.arrivals import BURST, burst_spec
-from gateway.bench.config import GROUP_DISTRIBUTIONS, SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
-from gateway.bench.progress import Progress
-from gateway.bench.report import format_table, to_json
+from spillgate.gateway.bench.api import BenchError, BenchResult, run_bench
+from spillgate.gateway.bench.arrivals import BURST, burst_spec
+from spillgate.gateway.bench.config import (
+    GROUP_DISTRIBUTIONS,
+    SESSION_ORDERS,
+    AgentKnobs,
+    BenchConfig,
+    ChatKnobs,
+    GspKnobs,
+)
+from spillgate.gateway.bench.progress import Progress
+from spillgate.gateway.bench.report import format_table, to_json
 
 EXAMPLES = """examples:
   spillgate bench --url http://127.0.0.1:8080 --api-key sk-spillgate-demo --model llama-3.1-8b \\

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from backends.http1 import Http1Client, HttpError
-from gateway.bench.workloads import RequestSpec
+from spillgate.backends.http1 import Http1Client, HttpError
+from spillgate.gateway.bench.workloads import RequestSpec
 
 BACKEND_HEADER = b"x-spillgate-backend"
 REASON_HEADER = b"x-spillgate-reason"

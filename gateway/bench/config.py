@@ -11,7 +11,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.bench.arrivals import RateSchedule, parse_rate_schedule
+from spillgate.gateway.bench.arrivals import RateSchedule, parse_rate_schedule
 
 WORKLOADS = ("gsp", "chat", "agent")
 SESSION_ORDERS = ("random", "fifo")

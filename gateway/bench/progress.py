@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from gateway.bench.runner import Counters
+from spillgate.gateway.bench.runner import Counters
 
 _WIDTH = 24
 

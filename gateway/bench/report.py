@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.bench.api import BenchResult, LevelResult
-from gateway.bench.stats import Distribution, PhaseSummary, Summary
+from spillgate.gateway.bench.api import BenchResult, LevelResult
+from spillgate.gateway.bench.stats import Distribution, PhaseSummary, Summary
 
 JSON_VERSION = 1
 

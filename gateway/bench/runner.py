@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from gateway.bench.client import ChatClient, RequestResult
-from gateway.bench.workloads import RequestSpec, Workload
+from spillgate.gateway.bench.client import ChatClient, RequestResult
+from spillgate.gateway.bench.workloads import RequestSpec, Workload
 
 _TICK_S = 0.25
 

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.bench.arrivals import RateSchedule
-from gateway.bench.client import RequestResult
+from spillgate.gateway.bench.arrivals import RateSchedule
+from spillgate.gateway.bench.client import RequestResult
 
 PERCENTILES = (50, 95, 99)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.bench import text
+from spillgate.gateway.bench import text
 
 BLOCK_TOKENS = 512
 _CACHED_BLOCKS = 4096  # whole blocks kept as text (~2 KiB each): a hot prefix is built once, not per request

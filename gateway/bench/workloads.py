@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Protocol
 
-from gateway.bench import text
-from gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
-from gateway.bench.trace import BLOCK_TOKENS, PromptBuilder, TraceRecord
+from spillgate.gateway.bench import text
+from spillgate.gateway.bench.config import SESSION_ORDERS, AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from spillgate.gateway.bench.trace import BLOCK_TOKENS, PromptBuilder, TraceRecord
 
 Message = dict[str, str]
 _JSON_CHARS_PER_TOKEN = 3.3  # JSON's quotes and punctuation make its tokens shorter than prose's ~4 characters

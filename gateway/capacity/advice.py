@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.plan.inputs import HostedPrices
-from gateway.plan.live import live_traffic, pool_fleet, replica_gpu
-from gateway.plan.results import Fleet
+from spillgate.gateway.plan.inputs import HostedPrices
+from spillgate.gateway.plan.live import live_traffic, pool_fleet, replica_gpu
+from spillgate.gateway.plan.results import Fleet
 
 BUCKETS_PER_WINDOW = 10
 """Arrivals are counted in buckets a tenth of a rate window wide: a peak window may start at any tenth."""

@@ -12,16 +12,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from backends.hosted import Price
-from gateway.capacity.advice import PoolAdvice, advise
-from gateway.capacity.recorder import route_pools
-from gateway.config import CapacityConfig
-from gateway.metrics import GatewayMetrics
-from gateway.plan.estimate import HOURS_PER_DAY
-from gateway.plan.inputs import HostedPrices
-from gateway.plan.render import clean_floats
-from gateway.state import GatewayState
-from gateway.tenants import require_metrics_token
+from spillgate.backends.hosted import Price
+from spillgate.gateway.capacity.advice import PoolAdvice, advise
+from spillgate.gateway.capacity.recorder import route_pools
+from spillgate.gateway.control.config import CapacityConfig
+from spillgate.gateway.observability.metrics import GatewayMetrics
+from spillgate.gateway.plan.estimate import HOURS_PER_DAY
+from spillgate.gateway.plan.inputs import HostedPrices
+from spillgate.gateway.plan.render import clean_floats
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.tenants import require_metrics_token
 
 JSON_VERSION = 1
 

@@ -1,7 +1,7 @@
 """What the gateway has seen of each pool: arrivals, request sizes, overflow, and its replicas' load.
 
-Times are ``time.perf_counter()`` seconds, the clock :class:`~gateway.exchange.Attempt` stamps, and always passed
-in as ``now``: the recorder never reads a clock, so tests drive it with invented times. Everything is kept in
+Times are ``time.perf_counter()`` seconds, the clock :class:`~gateway.serving.exchange.Attempt` stamps, and always
+passed in as ``now``: the recorder never reads a clock, so tests drive it with invented times. Everything is kept in
 :class:`~gateway.capacity.series.BucketSeries`, so memory is bounded by the lookback, not by the traffic.
 """
 
@@ -11,9 +11,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from backends.registry import Backend
-from gateway.bookkeeping import slo_result
-from gateway.capacity.advice import (
+from spillgate.backends.registry import Backend
+from spillgate.gateway.capacity.advice import (
     BUCKETS_PER_WINDOW,
     PoolMeasures,
     ReplicaWindow,
@@ -21,10 +20,11 @@ from gateway.capacity.advice import (
     peak_rate,
     pressure_floor,
 )
-from gateway.capacity.series import BucketSeries
-from gateway.config import CapacityConfig, GatewayConfig, PoolConfig
-from gateway.exchange import Attempt
-from gateway.plan.inputs import HostedPrices
+from spillgate.gateway.capacity.series import BucketSeries
+from spillgate.gateway.control.config import CapacityConfig, GatewayConfig, PoolConfig
+from spillgate.gateway.plan.inputs import HostedPrices
+from spillgate.gateway.serving.bookkeeping import slo_result
+from spillgate.gateway.serving.exchange import Attempt
 
 
 @dataclass(slots=True)

@@ -7,8 +7,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from backends.registry import Backend
-from gateway.capacity.recorder import CapacityRecorder
+from spillgate.backends.registry import Backend
+from spillgate.gateway.capacity.recorder import CapacityRecorder
 
 log = logging.getLogger("spillgate.capacity")
 

@@ -3,12 +3,12 @@
 ``gateway.cli`` wires the command in through ``add_arguments``; the rest is here for scripts that plan in Python.
 """
 
-from gateway.plan.bench_report import point_from_bench
-from gateway.plan.command import add_arguments, inputs_from_args, run
-from gateway.plan.estimate import compute_plan
-from gateway.plan.inputs import PlanError, PlanInputs
-from gateway.plan.render import format_table, to_json
-from gateway.plan.results import Plan
+from spillgate.gateway.plan.bench_report import point_from_bench
+from spillgate.gateway.plan.command import add_arguments, inputs_from_args, run
+from spillgate.gateway.plan.estimate import compute_plan
+from spillgate.gateway.plan.inputs import PlanError, PlanInputs
+from spillgate.gateway.plan.render import format_table, to_json
+from spillgate.gateway.plan.results import Plan
 
 __all__ = [
     "Plan",

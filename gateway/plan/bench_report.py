@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from gateway.plan.formatting import ms, pct
-from gateway.plan.inputs import BenchLevel, OperatingPoint, PlanError
+from spillgate.gateway.plan.formatting import ms, pct
+from spillgate.gateway.plan.inputs import BenchLevel, OperatingPoint, PlanError
 
 SLO_PERCENTILES = ("p50", "p95", "p99")
 MAX_BENCH_ERROR_RATE = 0.01

@@ -21,10 +21,17 @@ from typing import NoReturn
 
 import orjson
 
-from gateway.plan.arg_types import fraction, non_negative, non_negative_int, param_count, positive, positive_int
-from gateway.plan.bench_report import SLO_PERCENTILES, point_from_bench
-from gateway.plan.estimate import compute_plan
-from gateway.plan.inputs import (
+from spillgate.gateway.plan.arg_types import (
+    fraction,
+    non_negative,
+    non_negative_int,
+    param_count,
+    positive,
+    positive_int,
+)
+from spillgate.gateway.plan.bench_report import SLO_PERCENTILES, point_from_bench
+from spillgate.gateway.plan.estimate import compute_plan
+from spillgate.gateway.plan.inputs import (
     DTYPE_BYTES,
     GPUS,
     MODELS,
@@ -36,8 +43,8 @@ from gateway.plan.inputs import (
     PlanInputs,
     Traffic,
 )
-from gateway.plan.live import TOKEN_ENV, gateway_url, run_live
-from gateway.plan.render import format_table, to_json
+from spillgate.gateway.plan.live import TOKEN_ENV, gateway_url, run_live
+from spillgate.gateway.plan.render import format_table, to_json
 
 EXAMPLES = f"""examples:
   spillgate plan --model llama-3.1-70b-fp8 --gpu h100-80gb --tp 2 --input-tokens 3000 --output-tokens 300 \\

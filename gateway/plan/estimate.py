@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import math
 
-from gateway.plan.formatting import gb, num, pct
-from gateway.plan.inputs import GB, GpuSpec, HostedPrices, ModelSpec, OperatingPoint, PlanError, PlanInputs, Traffic
-from gateway.plan.results import Decode, Fleet, Hosted, Little, Memory, Plan
+from spillgate.gateway.plan.formatting import gb, num, pct
+from spillgate.gateway.plan.inputs import (
+    GB,
+    GpuSpec,
+    HostedPrices,
+    ModelSpec,
+    OperatingPoint,
+    PlanError,
+    PlanInputs,
+    Traffic,
+)
+from spillgate.gateway.plan.results import Decode, Fleet, Hosted, Little, Memory, Plan
 
 SECONDS_PER_DAY = 86_400
 HOURS_PER_DAY = 24

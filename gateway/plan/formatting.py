@@ -6,7 +6,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from gateway.plan.inputs import GB
+from spillgate.gateway.plan.inputs import GB
 
 
 def num(value: float) -> str:

@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.plan.estimate import HOURS_PER_DAY, fleet, hosted
-from gateway.plan.formatting import num, pct, sig, usd
-from gateway.plan.inputs import GpuSpec, HostedPrices, OperatingPoint, PlanError, Traffic
-from gateway.plan.render import clean_floats
-from gateway.plan.results import Fleet, Hosted
+from spillgate.gateway.plan.estimate import HOURS_PER_DAY, fleet, hosted
+from spillgate.gateway.plan.formatting import num, pct, sig, usd
+from spillgate.gateway.plan.inputs import GpuSpec, HostedPrices, OperatingPoint, PlanError, Traffic
+from spillgate.gateway.plan.render import clean_floats
+from spillgate.gateway.plan.results import Fleet, Hosted
 
 TOKEN_ENV = "SPILLGATE_METRICS_TOKEN"
 """Where ``--from`` finds the gateway's ``metrics.token`` when ``--token`` is not given."""

@@ -6,10 +6,10 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from gateway.plan.estimate import HOURS_PER_DAY
-from gateway.plan.formatting import byte_size, gb, ms, num, pct, ratio, sig, usd
-from gateway.plan.inputs import GB
-from gateway.plan.results import Plan
+from spillgate.gateway.plan.estimate import HOURS_PER_DAY
+from spillgate.gateway.plan.formatting import byte_size, gb, ms, num, pct, ratio, sig, usd
+from spillgate.gateway.plan.inputs import GB
+from spillgate.gateway.plan.results import Plan
 
 JSON_VERSION = 1
 

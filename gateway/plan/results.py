@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.plan.inputs import PlanInputs
+from spillgate.gateway.plan.inputs import PlanInputs
 
 
 @dataclass(frozen=True)

@@ -50,10 +50,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from gateway.bench import BenchConfig, GspKnobs, LevelResult, run_bench
-from gateway.bench.arrivals import RateSchedule, burst_spec, parse_rate_schedule
-from gateway.bench.client import RequestResult
-from gateway.bench.stats import percentile
+from spillgate.gateway.bench import BenchConfig, GspKnobs, LevelResult, run_bench
+from spillgate.gateway.bench.arrivals import RateSchedule, burst_spec, parse_rate_schedule
+from spillgate.gateway.bench.client import RequestResult
+from spillgate.gateway.bench.stats import percentile
 from tests.bench.burst_stack import (
     API_KEY,
     HOSTED,

@@ -141,7 +141,8 @@ class Stack:
         if self.setup.hosted:
             port = free_port()
             argv = [
-                sys.executable, "-m", "gateway.cli", "sim-hosted", "--port", str(port), "--model-name", HOSTED_MODEL,
+                sys.executable, "-m", "spillgate.gateway.cli", "sim-hosted", "--port", str(port),
+                "--model-name", HOSTED_MODEL,
                 "--ttft-ms", f"{HOSTED_TTFT_MS:g}", "--tpot-ms", f"{HOSTED_TPOT_MS:g}", "--time-scale", f"{ts:g}",
             ]  # fmt: skip
             self.hosted = start(f"{self._slug}-hosted", argv, self.log_dir)
@@ -158,7 +159,7 @@ class Stack:
         self.config = gateway_config(self.spec, self.setup, port, self.cluster.urls if self.cluster else [], hosted_url)
         path = self.log_dir / f"{self._slug}-gateway.yaml"
         path.write_text(yaml.safe_dump(self.config, sort_keys=False))
-        self.argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)]
+        self.argv = [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path), "--port", str(port)]
         self.gateway = start(f"{self._slug}-gateway", self.argv, self.log_dir)
         expected = (self.spec.replicas if self.setup.replicas else 0) + int(self.setup.hosted)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gateway.config import RECOMMENDED_SGLANG_FLAGS
+from spillgate.gateway.control.config import RECOMMENDED_SGLANG_FLAGS
 from tests.bench.services import REPO_ROOT, Service, free_port, http_request, wait_until
 
 PRESET = "llama-3.1-8b-h100"
@@ -195,7 +195,7 @@ class Cluster:
         for index in range(count):
             port = free_port()
             argv = [
-                sys.executable, "-m", "gateway.cli", "sim-replica", "--port", str(port), "--preset", PRESET,
+                sys.executable, "-m", "spillgate.gateway.cli", "sim-replica", "--port", str(port), "--preset", PRESET,
                 "--time-scale", f"{self.time_scale:g}", "--model-name", MODEL, *extra_args,
             ]  # fmt: skip
             self.services.append(start(f"{name}-{index}", argv, self.log_dir))
@@ -330,7 +330,7 @@ def start_spillgate(
                 config["state"] = {"redis_url": redis_url, "key_prefix": key_prefix, "data_dir": data_dir}
             path = cluster.log_dir / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
-            entry = ["gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
+            entry = ["spillgate.gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
             argv = [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(port)]
             services.append(start(name, argv, cluster.log_dir))
             urls.append(f"http://127.0.0.1:{port}")

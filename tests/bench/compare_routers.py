@@ -42,10 +42,10 @@ from typing import Any, NoReturn
 
 import yaml
 
-from backends.sim.presets import get_preset
-from gateway.bench.api import LevelResult, after_warmup, run_bench
-from gateway.bench.config import SESSION_ORDERS, BenchConfig
-from gateway.bench.stats import Slo, percentile
+from spillgate.backends.sim.presets import get_preset
+from spillgate.gateway.bench.api import LevelResult, after_warmup, run_bench
+from spillgate.gateway.bench.config import SESSION_ORDERS, BenchConfig
+from spillgate.gateway.bench.stats import Slo, percentile
 from tests.bench import report, router_env
 from tests.bench.compare_cluster import (
     MODEL,

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from backends.sim import timing
-from backends.sim.presets import get_preset
-from gateway.bench.api import LevelResult
-from gateway.bench.client import RequestResult
-from gateway.bench.stats import Slo, summarize
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.presets import get_preset
+from spillgate.gateway.bench.api import LevelResult
+from spillgate.gateway.bench.client import RequestResult
+from spillgate.gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import PRESET, ReplicaCounters
 
 OTHER_CPU_WARN = 0.25

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.bench.config import BenchConfig, ChatKnobs, GspKnobs
+from spillgate.gateway.bench.config import BenchConfig, ChatKnobs, GspKnobs
 
 GSP = GspKnobs(groups=64, prompts_per_group=8, system_tokens=2048, question_tokens=128, output_tokens=64)
 """512 prompts behind 64 shared 2k-token system prompts, in a seeded shuffled order; short replies keep the

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from policies.complexity import (
+from spillgate.policies.complexity import (
     DEFAULT_THRESHOLD,
     FEATURE_NAMES,
     FITTED_WEIGHTS,
@@ -235,9 +235,9 @@ def print_categories(items: Sequence[dict[str, Any]], scores: Sequence[float], t
 
 def workload_requests(kind: str, count: int) -> list[dict[str, Any]]:
     """``count`` request bodies of the gateway's ``kind`` bench workload (gsp, chat or agent), replies filled in."""
-    from gateway.bench import text
-    from gateway.bench.config import AgentKnobs, ChatKnobs, GspKnobs
-    from gateway.bench.workloads import agent_workload, chat_workload, gsp_workload
+    from spillgate.gateway.bench import text
+    from spillgate.gateway.bench.config import AgentKnobs, ChatKnobs, GspKnobs
+    from spillgate.gateway.bench.workloads import agent_workload, chat_workload, gsp_workload
 
     salt = "complexity-eval"
     builders = {

@@ -17,12 +17,12 @@ import random
 import statistics
 import time
 
-from backends.registry import Backend, BackendRegistry
-from gateway.config import PrefixConfig
-from gateway.prefix import PrefixTracker
-from gateway.state import load_tokenizer
-from policies.registry import build_policy
-from policies.types import RouteRequest
+from spillgate.backends.registry import Backend, BackendRegistry
+from spillgate.gateway.control.config import PrefixConfig
+from spillgate.gateway.dispatch.prefix import PrefixTracker
+from spillgate.gateway.state import load_tokenizer
+from spillgate.policies.registry import build_policy
+from spillgate.policies.types import RouteRequest
 
 
 def main() -> None:

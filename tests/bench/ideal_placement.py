@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from backends.sim import timing
-from backends.sim.presets import Preset
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.presets import Preset
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from gateway.bench.stats import percentile
+from spillgate.gateway.bench.stats import percentile
 from tests.bench.compare_routers import spillgate_traces
 
 

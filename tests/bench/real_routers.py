@@ -82,7 +82,7 @@ def start_spillgate(replicas: list[RunningProcess], log_dir: Path, pool: dict[st
     }
     path = log_dir / f"spillgate-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(port)]
+    command = [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path), "--port", str(port)]
     proc = start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=60)
     time.sleep(2.0)  # a scrape of both replicas' limits and load
     return proc, ROUTE
@@ -111,7 +111,7 @@ def flush(replicas: list[RunningProcess]) -> None:
 
 def bench(url: str, model: str, trace: Path, settings: Settings, out: Path) -> dict[str, Any]:
     command = [
-        sys.executable, "-m", "gateway.cli", "bench", "--url", url, "--api-key", API_KEY, "--model", model,
+        sys.executable, "-m", "spillgate.gateway.cli", "bench", "--url", url, "--api-key", API_KEY, "--model", model,
         "--workload", f"trace:{trace}", "--trace-speedup", str(settings.speedup),
         "--trace-block-tokens", str(settings.block_tokens), "--trace-max-output-tokens", str(settings.max_output),
         "--slo-ttft-ms", "5000", "--slo-tpot-ms", "500", "--json", str(out), "--no-progress",

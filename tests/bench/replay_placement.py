@@ -22,8 +22,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from backends.sim.presets import get_preset
-from gateway.bench.stats import percentile
+from spillgate.backends.sim.presets import get_preset
+from spillgate.gateway.bench.stats import percentile
 from tests.bench.compare_cluster import PRESET
 from tests.bench.compare_routers import spillgate_traces
 from tests.bench.ideal_placement import IdealRequest, replayed_ttfts, sticky_ttfts

@@ -45,7 +45,7 @@ def gateway_config(stub_port: int, port: int) -> dict[str, object]:
 
 def gateway_argv(config_path: Path, stub_port: int, port: int) -> list[str]:
     config_path.write_text(yaml.safe_dump(gateway_config(stub_port, port), sort_keys=False))
-    return [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), "--port", str(port)]
+    return [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(config_path), "--port", str(port)]
 
 
 def router_argv(python: str, stub_port: int, port: int, prometheus_port: int) -> list[str]:

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from backends.sim import timing
-from backends.sim.presets import Preset, get_preset
-from gateway.bench.api import LevelResult
-from gateway.bench.client import RequestResult
-from gateway.bench.stats import Slo, summarize
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.presets import Preset, get_preset
+from spillgate.gateway.bench.api import LevelResult
+from spillgate.gateway.bench.client import RequestResult
+from spillgate.gateway.bench.stats import Slo, summarize
 from tests.bench.compare_cluster import PRESET, ReplicaCounters, gateway_config
 from tests.bench.compare_routers import Replay, Run, _route_settings, by_session, ideal_ttft_p99_ms, targets
 from tests.bench.compare_table import RunFigures, figures

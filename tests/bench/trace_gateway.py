@@ -34,7 +34,7 @@ class TracedPolicy:
 
     def decide(self, request: Any, snapshot: Any) -> Any:
         global _last_decision
-        from policies.prediction import predicted_ttft
+        from spillgate.policies.prediction import predicted_ttft
 
         decision = self._inner.decide(request, snapshot)
         _last_decision = {
@@ -56,16 +56,16 @@ class TracedPolicy:
 
 def install(path: str) -> None:
     # Wrapped before any gateway module imports it by name.
-    import policies.engine
-    import policies.registry
+    from spillgate.policies import engine as policy_engine
+    from spillgate.policies import registry as policy_registry
 
-    build = policies.registry.build_policy
-    policies.registry.build_policy = lambda name, affinity=None: TracedPolicy(build(name, affinity))
-    reweigh = policies.engine.with_weights
+    build = policy_registry.build_policy
+    policy_registry.build_policy = lambda name, affinity=None: TracedPolicy(build(name, affinity))
+    reweigh = policy_engine.with_weights
     # A route's ``weights`` apply to the policy inside the tracer.
-    policies.engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))
+    policy_engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))
 
-    from gateway import proxy
+    from spillgate.gateway.serving import proxy
 
     out = open(path, "ab")  # noqa: SIM115  (open for the life of the process)
 
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     install(argv[1])
-    from gateway.cli import main as cli_main
+    from spillgate.gateway.cli import main as cli_main
 
     return cli_main(argv[2:])
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.arrivals import burst_spec, parse_rate_schedule
+from spillgate.gateway.bench.arrivals import burst_spec, parse_rate_schedule
 from tests.bench.burst import markdown_table, min_hosted_share, steady_spill_lines, validity, verdicts
 from tests.bench.burst_stack import HOSTED, SETUPS, GatewayCounters, StackSpec, gateway_config
 

@@ -7,11 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from backends.sim.tokenizer import Tokenizer
-from gateway.bench import text
-from gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
-from gateway.bench.trace import BLOCK_TOKENS, PromptBuilder, TraceError, TraceRecord, arrival_offsets, load_trace
-from gateway.bench.workloads import (
+from spillgate.backends.sim.tokenizer import Tokenizer
+from spillgate.gateway.bench import text
+from spillgate.gateway.bench.config import AgentKnobs, BenchConfig, ChatKnobs, GspKnobs
+from spillgate.gateway.bench.trace import (
+    BLOCK_TOKENS,
+    PromptBuilder,
+    TraceError,
+    TraceRecord,
+    arrival_offsets,
+    load_trace,
+)
+from spillgate.gateway.bench.workloads import (
     RequestSpec,
     Workload,
     agent_workload,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.bench import BenchConfig, BenchError, ChatKnobs, GspKnobs, run_bench
+from spillgate.gateway.bench import BenchConfig, BenchError, ChatKnobs, GspKnobs, run_bench
 from tests.support.gateway import TENANT_KEY
 from tests.support.procs import REPO_ROOT, RunningProcess, free_port
 
@@ -177,7 +177,7 @@ def test_cli_sweep_end_to_end_with_json(replicas: list[RunningProcess], tmp_path
             for i in range(6)
         )
     )
-    base = [sys.executable, "-m", "gateway.cli", "bench", "--url", replicas[2].url, "--no-progress"]
+    base = [sys.executable, "-m", "spillgate.gateway.cli", "bench", "--url", replicas[2].url, "--no-progress"]
     gsp = [*base, "--workload", "gsp", "--concurrency", "1,3", "--num-requests", "6", "--json", str(out)]
     gsp += [
         "--gsp-groups",
@@ -233,7 +233,8 @@ def test_cli_sweep_end_to_end_with_json(replicas: list[RunningProcess], tmp_path
 
 def test_cli_refuses_what_cannot_work_and_fails_a_run_with_no_answer(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    base = [sys.executable, "-m", "gateway.cli", "bench", "--no-progress", "--model", "m", "--workload", "gsp"]
+    base = [sys.executable, "-m", "spillgate.gateway.cli", "bench", "--no-progress"]
+    base += ["--model", "m", "--workload", "gsp"]
     small = ["--gsp-groups", "1", "--gsp-prompts-per-group", "2", "--concurrency", "1"]
 
     def bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -262,7 +263,7 @@ def running_requests(replica: RunningProcess) -> float:
 
 
 def test_cli_ctrl_c_prints_a_partial_report(replicas: list[RunningProcess]) -> None:
-    command = [sys.executable, "-m", "gateway.cli", "bench", "--url", replicas[1].url, "--workload", "gsp"]
+    command = [sys.executable, "-m", "spillgate.gateway.cli", "bench", "--url", replicas[1].url, "--workload", "gsp"]
     command += ["--concurrency", "2", "--gsp-groups", "2", "--gsp-system-tokens", "256", "--gsp-output-tokens", "4000"]
     deadline = time.monotonic() + 30
     while running_requests(replicas[1]) > 0:  # requests another test cut off must not look like this run's

@@ -9,11 +9,11 @@ from itertools import pairwise
 
 import pytest
 
-from gateway.bench import BenchConfig, GspKnobs, run_bench
-from gateway.bench.arrivals import Phase, RateSchedule, burst_spec, parse_rate_schedule
-from gateway.bench.cli import add_arguments, config_from_args
-from gateway.bench.client import RequestResult
-from gateway.bench.stats import Slo, summarize_phases
+from spillgate.gateway.bench import BenchConfig, GspKnobs, run_bench
+from spillgate.gateway.bench.arrivals import Phase, RateSchedule, burst_spec, parse_rate_schedule
+from spillgate.gateway.bench.cli import add_arguments, config_from_args
+from spillgate.gateway.bench.client import RequestResult
+from spillgate.gateway.bench.stats import Slo, summarize_phases
 from tests.support.procs import RunningProcess
 
 # Parsing -------------------------------------------------------------------------------------------

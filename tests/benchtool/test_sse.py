@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from gateway.bench.client import RequestResult, _read_stream, api_paths
+from spillgate.gateway.bench.client import RequestResult, _read_stream, api_paths
 
 
 def event(payload: object) -> bytes:

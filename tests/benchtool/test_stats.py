@@ -7,9 +7,9 @@ from itertools import islice, pairwise
 
 import pytest
 
-from gateway.bench.arrivals import poisson_offsets
-from gateway.bench.client import RequestResult
-from gateway.bench.stats import Distribution, Slo, percentile, summarize
+from spillgate.gateway.bench.arrivals import poisson_offsets
+from spillgate.gateway.bench.client import RequestResult
+from spillgate.gateway.bench.stats import Distribution, Slo, percentile, summarize
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.app import GatewayApp
-from gateway.config import parse_config
-from gateway.state import GatewayState, build_state
+from spillgate.gateway.app import GatewayApp
+from spillgate.gateway.control.config import parse_config
+from spillgate.gateway.state import GatewayState, build_state
 from tests.support.procs import free_port
 
 ADMIN_KEY = "sk-inproc-admin"

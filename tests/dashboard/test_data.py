@@ -16,9 +16,9 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.app import GatewayApp
-from gateway.dashboard.assets import MEDIA_TYPES
-from gateway.state import GatewayState
+from spillgate.gateway.app import GatewayApp
+from spillgate.gateway.observability.dashboard.assets import MEDIA_TYPES
+from spillgate.gateway.state import GatewayState
 from tests.dashboard import inproc, promtext
 
 DATA = "/dashboard/api/data"
@@ -195,5 +195,5 @@ def test_every_page_file_is_package_data() -> None:
     static = root / "gateway" / "dashboard" / "static"
     for name in MEDIA_TYPES:
         assert (static / name).is_file(), name
-        assert any(fnmatch(f"static/{name}", p) for p in patterns["gateway.dashboard"]), name
+        assert any(fnmatch(f"static/{name}", p) for p in patterns["spillgate.gateway.observability.dashboard"]), name
     assert sorted(p.name for p in static.iterdir()) == sorted(MEDIA_TYPES), "every file is served by name"

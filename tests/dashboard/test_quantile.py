@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.dashboard.quantile import histogram_quantile
+from spillgate.gateway.observability.dashboard.quantile import histogram_quantile
 
 INF = math.inf
 BUCKETS = [(0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (INF, 10.0)]

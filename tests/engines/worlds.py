@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from backends.sim.tokenizer import Tokenizer as SimTokenizer
+from spillgate.backends.sim.tokenizer import Tokenizer as SimTokenizer
 from tests.engines.install import Installed, installed_already
 from tests.engines.servers import RECOMMENDED, SERVED_MODEL, model_context, start_engine
 from tests.support.gateway import start_replica

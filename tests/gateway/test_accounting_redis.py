@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.accounting import Accountant, LedgerEntry, QuotaExceeded, TenantLimits, make_client
-from gateway.accounting.limits import next_month_s
-from gateway.accounting.records import BackendKind
+from spillgate.gateway.accounting import Accountant, LedgerEntry, QuotaExceeded, TenantLimits, make_client
+from spillgate.gateway.accounting.limits import next_month_s
+from spillgate.gateway.accounting.records import BackendKind
 from tests.support.procs import REPO_ROOT, free_port
 from tests.support.redis_server import redis_url as private_redis
 

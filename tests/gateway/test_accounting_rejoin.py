@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting import Accountant, QuotaExceeded, TenantLimits, make_client
+from spillgate.gateway.accounting import Accountant, QuotaExceeded, TenantLimits, make_client
 from tests.gateway.test_accounting_redis import entry, wait_for
 from tests.support.procs import free_port
 from tests.support.redis_server import redis_url as private_redis

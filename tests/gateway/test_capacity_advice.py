@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.cli import main
-from gateway.plan.estimate import fleet
-from gateway.plan.inputs import GpuSpec, OperatingPoint, Traffic
+from spillgate.gateway.cli import main
+from spillgate.gateway.plan.estimate import fleet
+from spillgate.gateway.plan.inputs import GpuSpec, OperatingPoint, Traffic
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import REPO_ROOT, RunningProcess
 from tests.unit.test_plan import SEED, SEED_POINT
@@ -94,7 +94,7 @@ def _plan_from(gateway: RunningProcess, *args: str, token: str | None = METRICS_
     env = {k: v for k, v in os.environ.items() if k != "SPILLGATE_METRICS_TOKEN"}
     if token is not None:
         env["SPILLGATE_METRICS_TOKEN"] = token
-    command = [sys.executable, "-m", "gateway.cli", "plan", "--from", gateway.url, *args]
+    command = [sys.executable, "-m", "spillgate.gateway.cli", "plan", "--from", gateway.url, *args]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
 
 

@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
-from backends.sim import timing
-from backends.sim.presets import get_preset
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.presets import get_preset
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 

@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.accounting.rent import PoolPrice, RentBook
-from gateway.config import parse_config
-from gateway.dashboard.data import dashboard_data
-from gateway.state import build_state
+from spillgate.gateway.accounting.rent import PoolPrice, RentBook
+from spillgate.gateway.control.config import parse_config
+from spillgate.gateway.observability.dashboard.data import dashboard_data
+from spillgate.gateway.state import build_state
 from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
 
 ADMIN_KEY = "sk-rent-admin"

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from backends.registry import Backend, BackendRegistry
+from spillgate.backends.registry import Backend, BackendRegistry
 from tests.gateway.test_cache_aware import ask
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess

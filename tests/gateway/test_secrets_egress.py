@@ -143,7 +143,7 @@ def test_a_replica_url_with_a_path_query_or_user_is_refused(gateway: RunningProc
 
 
 def test_metrics_with_tenant_labels_need_a_token(replica: RunningProcess, tmp_path: Path) -> None:
-    from gateway.config import ConfigError, parse_config
+    from spillgate.gateway.control.config import ConfigError, parse_config
 
     raw = config(replica, tmp_path / "data", metrics={"tenant_labels": True})
     with pytest.raises(ConfigError, match="token"):

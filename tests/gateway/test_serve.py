@@ -53,7 +53,7 @@ def test_invalid_config_fails_fast_with_the_field_path(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -75,7 +75,7 @@ def test_unknown_target_and_missing_file(tmp_path: Path) -> None:
     assert result.returncode == 2 and "absent.yaml" in result.stderr and "Traceback" not in result.stderr
     for port in ("99999", "-1", "http"):
         done = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "serve", "--port", port],
+            [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--port", port],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -97,7 +97,7 @@ def test_an_unreadable_tokenizer_fails_fast(tmp_path: Path) -> None:
 
 def run_serve(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
+        [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.hosted import HostedCompletion, HostedModel, HostedStream, PriceOverride
+from spillgate.backends.hosted import HostedCompletion, HostedModel, HostedStream, PriceOverride
 from tests.hosted.probe import OfflineProbe
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
@@ -107,7 +107,7 @@ async def provider(request: pytest.FixtureRequest) -> AsyncIterator[str]:
 
 async def complete(model: HostedModel, payload: Mapping[str, Any]) -> HostedCompletion | HostedStream:
     """:func:`backends.hosted.client.complete`, on the direct path when the test runs as ``openai-direct``."""
-    from backends.hosted.client import complete as client_complete
+    from spillgate.backends.hosted.client import complete as client_complete
 
     return await client_complete(model, payload, http=DIRECT_PATH.http)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from backends.hosted import HostedCompletion, HostedModel, HostedStream
-from backends.hosted.client import complete
+from spillgate.backends.hosted import HostedCompletion, HostedModel, HostedStream
+from spillgate.backends.hosted.client import complete
 from tests.support.procs import free_port, start_spillgate
 
 Call = Callable[[], Awaitable[None]]

@@ -35,11 +35,11 @@ def audit(event, args):
 
 sys.addaudithook(audit)
 started = time.perf_counter()
-from backends.hosted.client import complete
+from spillgate.backends.hosted.client import complete
 import_s = time.perf_counter() - started
 
-from backends.hosted import HostedModel
-from backends.hosted.pricing import price_for
+from spillgate.backends.hosted import HostedModel
+from spillgate.backends.hosted.pricing import price_for
 from litellm.litellm_core_utils.get_model_cost_map import get_model_cost_map_source_info
 
 for key in ("anthropic/claude-sonnet-4-5", "openai/gpt-4o", "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0"):

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.hosted import HostedCompletion, HostedModel, HostedStream
-from backends.hosted.client import OPENAI_REQUEST_FIELDS, request_arguments
+from spillgate.backends.hosted import HostedCompletion, HostedModel, HostedStream
+from spillgate.backends.hosted.client import OPENAI_REQUEST_FIELDS, request_arguments
 from tests.hosted.conftest import SLOW_TPOT_MS, ModelFor, complete
 
 

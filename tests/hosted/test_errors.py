@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.hosted import HostedCompletion, HostedError, HostedModel, HostedStream
+from spillgate.backends.hosted import HostedCompletion, HostedError, HostedModel, HostedStream
 from tests.hosted.conftest import API_KEY, SIM_ARGS, STALL_TIMEOUT_S, ModelFor, complete, hosted_model
 from tests.support.procs import free_port, start_spillgate
 

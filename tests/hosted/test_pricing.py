@@ -6,8 +6,8 @@ from dataclasses import astuple
 
 import pytest
 
-from backends.hosted import HostedModel, Price, PriceOverride, UnknownModelPrice
-from backends.hosted.pricing import bundled_price, cost, price_for
+from spillgate.backends.hosted import HostedModel, Price, PriceOverride, UnknownModelPrice
+from spillgate.backends.hosted.pricing import bundled_price, cost, price_for
 
 
 def test_bundled_prices_are_found_the_way_litellm_finds_them() -> None:

@@ -8,9 +8,9 @@ import logging
 import httpx
 import pytest
 
-from backends.hosted import HostedModel
-from backends.hosted.errors import classify
-from backends.hosted.scrub import REDACTED, RedactingFilter, scrub
+from spillgate.backends.hosted import HostedModel
+from spillgate.backends.hosted.errors import classify
+from spillgate.backends.hosted.scrub import REDACTED, RedactingFilter, scrub
 
 KEY = "sk-proj-Abc123Def456Ghi789"
 

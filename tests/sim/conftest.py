@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from gateway.config import RECOMMENDED_SGLANG_FLAGS
+from spillgate.gateway.control.config import RECOMMENDED_SGLANG_FLAGS
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 StartReplica = Callable[..., RunningProcess]

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.sim import cli
+from spillgate.backends.sim import cli
 from tests.support.procs import free_port, start_spillgate
 
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from backends.sim.hosted_faults import FaultConfig, FaultSchedule
+from spillgate.backends.sim.hosted_faults import FaultConfig, FaultSchedule
 from tests.sim.conftest import StartReplica
 from tests.support.procs import RunningProcess
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim import timing
-from backends.sim.config import ReplicaConfig
-from backends.sim.presets import GIB, PRESETS, get_preset
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.presets import GIB, PRESETS, get_preset
 
 
 def test_kv_bytes_per_token() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from backends.sim.radix_cache import RadixCache
+from spillgate.backends.sim.radix_cache import RadixCache
 
 
 def test_match_returns_cached_prefix_length() -> None:

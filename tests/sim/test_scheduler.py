@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from backends.sim import timing
-from backends.sim.config import ReplicaConfig
-from backends.sim.engine import GenerationParams
-from backends.sim.replica import Replica
+from spillgate.backends.sim import timing
+from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.engine import GenerationParams
+from spillgate.backends.sim.replica import Replica
 from tests.sim.helpers import distinct_ids
 
 FAST = 0.0005

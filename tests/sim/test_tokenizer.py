@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from backends.sim.chat_template import ChatTemplate
-from backends.sim.generation import TokenStream, plan_output, request_seed
-from backends.sim.tokenizer import END_OF_TURN, Tokenizer
+from spillgate.backends.sim.chat_template import ChatTemplate
+from spillgate.backends.sim.generation import TokenStream, plan_output, request_seed
+from spillgate.backends.sim.tokenizer import END_OF_TURN, Tokenizer
 
 ENGLISH = (
     "Prefix caching lets a serving engine reuse the attention keys and values it computed for a shared "

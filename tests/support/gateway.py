@@ -12,7 +12,7 @@ import pytest
 import yaml
 from openai.types import CompletionUsage
 
-from gateway.config import RECOMMENDED_SGLANG_FLAGS
+from spillgate.gateway.control.config import RECOMMENDED_SGLANG_FLAGS
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 TENANT_KEY = "sk-test-tenant"

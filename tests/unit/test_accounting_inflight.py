@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting import Accountant
-from gateway.accounting.inflight import InFlight
+from spillgate.gateway.accounting import Accountant
+from spillgate.gateway.accounting.inflight import InFlight
 from tests.support.procs import REPO_ROOT
 
 CHILD = """
 import asyncio, sys, time
-from gateway.accounting import Accountant, LedgerEntry, TenantLimits
+from spillgate.gateway.accounting import Accountant, LedgerEntry, TenantLimits
 
 BUDGET = TenantLimits(usd_per_day=10.0)
 

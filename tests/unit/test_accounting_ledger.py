@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting import Accountant, LedgerEntry, QuotaExceeded, TenantLimits
-from gateway.accounting.records import BackendKind
+from spillgate.gateway.accounting import Accountant, LedgerEntry, QuotaExceeded, TenantLimits
+from spillgate.gateway.accounting.records import BackendKind
 
 NOON = datetime(2025, 3, 14, 12, 0, tzinfo=UTC).timestamp()
 BUDGET = TenantLimits(usd_per_day=1.0, hosted_usd_per_month=5.0)

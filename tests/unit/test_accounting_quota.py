@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting import LedgerEntry, LocalQuota, QuotaExceeded, Reservation, TenantLimits
-from gateway.accounting.limits import next_day_s, next_month_s
-from gateway.accounting.records import BackendKind
+from spillgate.gateway.accounting import LedgerEntry, LocalQuota, QuotaExceeded, Reservation, TenantLimits
+from spillgate.gateway.accounting.limits import next_day_s, next_month_s
+from spillgate.gateway.accounting.records import BackendKind
 
 NOON = datetime(2025, 3, 14, 12, 0, tzinfo=UTC).timestamp()
 """43,200 s to the next UTC day; 17.5 days to the next month."""

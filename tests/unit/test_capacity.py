@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from backends.engines import ReplicaLoad
-from backends.registry import Backend
-from gateway.capacity.advice import PoolAdvice, advise, peak_rate
-from gateway.capacity.recorder import CapacityRecorder
-from gateway.capacity.series import BucketSeries
-from gateway.cli import main
-from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.exchange import Attempt
-from gateway.plan.estimate import fleet
-from gateway.plan.inputs import GPUS, OperatingPoint, Traffic
-from gateway.plan.live import plan_pool
-from gateway.tenants import Tenant
+from spillgate.backends.engines import ReplicaLoad
+from spillgate.backends.registry import Backend
+from spillgate.gateway.capacity.advice import PoolAdvice, advise, peak_rate
+from spillgate.gateway.capacity.recorder import CapacityRecorder
+from spillgate.gateway.capacity.series import BucketSeries
+from spillgate.gateway.cli import main
+from spillgate.gateway.control.config import ConfigError, GatewayConfig, parse_config
+from spillgate.gateway.plan.estimate import fleet
+from spillgate.gateway.plan.inputs import GPUS, OperatingPoint, Traffic
+from spillgate.gateway.plan.live import plan_pool
+from spillgate.gateway.serving.exchange import Attempt
+from spillgate.gateway.tenancy.tenants import Tenant
 from tests.support.procs import free_port
 
 TENANT = Tenant("t", frozenset({"*"}), ttft_slo_s=1.0, tpot_slo_s=0.05)

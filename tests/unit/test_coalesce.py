@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.coalesce import DEFAULT_BATCH_TOKENS, PrefillsInFlight, hold_limit
+from spillgate.gateway.dispatch.coalesce import DEFAULT_BATCH_TOKENS, PrefillsInFlight, hold_limit
 
 
 async def test_a_shared_prefix_is_computed_by_the_first_request_sent() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from policies.complexity import (
+from spillgate.policies.complexity import (
     ASK_WHOLE_CHARS,
     DEFAULT_CLASSIFIER,
     DEFAULT_THRESHOLD,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
+from spillgate.gateway.control.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
 
 MINIMAL = {
     "pools": [{"name": "p", "served_model": "m", "replicas": ["http://127.0.0.1:1"]}],
@@ -96,8 +96,8 @@ def test_a_route_only_dedicated_pools_serve_is_refused_for_everyone_else() -> No
 
 
 def test_one_key_cannot_belong_to_two_tenants_or_be_an_admin_key() -> None:
-    from gateway.config import AdminConfig, TenantConfig
-    from gateway.tenants import TenantDirectory
+    from spillgate.gateway.control.config import AdminConfig, TenantConfig
+    from spillgate.gateway.tenancy.tenants import TenantDirectory
 
     tenants = [
         TenantConfig(name="a", keys=["sk-shared-key"]),
@@ -112,8 +112,8 @@ def test_one_key_cannot_belong_to_two_tenants_or_be_an_admin_key() -> None:
 
 
 def test_route_weights_are_checked_against_the_policys_scorers() -> None:
-    from gateway.routes import build_routes
-    from policies.engine import scorer_name
+    from spillgate.gateway.control.routes import build_routes
+    from spillgate.policies.engine import scorer_name
 
     route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "weights": {"prefix_hit": 0.5}}
     config = parse_config({**MINIMAL, "routes": [route]})
@@ -127,8 +127,8 @@ def test_route_weights_are_checked_against_the_policys_scorers() -> None:
 
 
 def test_route_affinity_settings_reach_the_cache_aware_guard() -> None:
-    from gateway.routes import build_routes
-    from policies.plugins import PrefixAffinityScorer
+    from spillgate.gateway.control.routes import build_routes
+    from spillgate.policies.plugins import PrefixAffinityScorer
 
     route = {"name": "r", "targets": ["p"], "policy": "cache_aware", "affinity": {"max_slowdown": 8}}
     config = parse_config({**MINIMAL, "routes": [route]})

@@ -7,10 +7,10 @@ import random
 
 import xxhash
 
-from cache.fingerprint import block_hashes
-from cache.index import PrefixIndex
-from policies.prediction import Candidates, predicted_ttft
-from policies.types import BackendState, RouteRequest
+from spillgate.cache.fingerprint import block_hashes
+from spillgate.cache.index import PrefixIndex
+from spillgate.policies.prediction import Candidates, predicted_ttft
+from spillgate.policies.types import BackendState, RouteRequest
 
 
 def test_block_hashes_chain_xxh3_over_utf8_blocks() -> None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from backends.http1 import ConnectFailed, Http1Client, ProtocolFailure, ReadTimeout
+from spillgate.backends.http1 import ConnectFailed, Http1Client, ProtocolFailure, ReadTimeout
 from tests.support.procs import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

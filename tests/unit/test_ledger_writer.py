@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting import idle_worker
-from gateway.accounting.idle_worker import IdleWorker
-from gateway.accounting.ledger import Ledger
-from gateway.accounting.records import LedgerEntry
+from spillgate.gateway.accounting import idle_worker
+from spillgate.gateway.accounting.idle_worker import IdleWorker
+from spillgate.gateway.accounting.ledger import Ledger
+from spillgate.gateway.accounting.records import LedgerEntry
 
 NOON = 1_741_953_600.0
 linux_only = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")

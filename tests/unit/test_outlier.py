@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from backends.outlier import Breaker, OutlierRules
-from gateway.retry_budget import RetryBudget
+from spillgate.backends.outlier import Breaker, OutlierRules
+from spillgate.gateway.dispatch.retry_budget import RetryBudget
 
 RULES = OutlierRules(consecutive_failures=3, base_ejection_s=10, max_ejection_s=60, max_ejected_percent=50)
 

@@ -8,8 +8,8 @@ import time
 
 import redis.asyncio as aioredis
 
-from backends.registry import Backend
-from gateway.peer_load import PeerLoad
+from spillgate.backends.registry import Backend
+from spillgate.gateway.dispatch.peer_load import PeerLoad
 
 
 def replicas() -> list[Backend]:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.api import BenchResult, LevelResult
-from gateway.bench.config import BenchConfig
-from gateway.bench.report import to_json as bench_json
-from gateway.bench.stats import Distribution, Summary
-from gateway.cli import main
-from gateway.plan.bench_report import point_from_bench
-from gateway.plan.estimate import ceil_count, fleet, memory
-from gateway.plan.inputs import GPUS, MODELS, OperatingPoint, PlanError, Traffic
+from spillgate.gateway.bench.api import BenchResult, LevelResult
+from spillgate.gateway.bench.config import BenchConfig
+from spillgate.gateway.bench.report import to_json as bench_json
+from spillgate.gateway.bench.stats import Distribution, Summary
+from spillgate.gateway.cli import main
+from spillgate.gateway.plan.bench_report import point_from_bench
+from spillgate.gateway.plan.estimate import ceil_count, fleet, memory
+from spillgate.gateway.plan.inputs import GPUS, MODELS, OperatingPoint, PlanError, Traffic
 from tests.support.procs import REPO_ROOT
 
 # The worked example (../shared/seed/): a RAG assistant on Llama 3.1 70B in FP8, TP 2 over 80 GB H100s,
@@ -32,7 +32,11 @@ SEED_POINT = ["--concurrency", "48", "--output-tps", "1140"]
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "spillgate.gateway.cli", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.prediction import predicted_ttft
-from policies.registry import POLICY_NAMES, build_policy
-from policies.types import BackendState, NoCandidate, RouteRequest, Snapshot
+from spillgate.policies.prediction import predicted_ttft
+from spillgate.policies.registry import POLICY_NAMES, build_policy
+from spillgate.policies.types import BackendState, NoCandidate, RouteRequest, Snapshot
 
 
 def request(sequence: int = 0) -> RouteRequest:
@@ -61,8 +61,8 @@ def test_unknown_policy_name() -> None:
 
 def test_registry_snapshot_maps_every_field() -> None:
     """``Backend.state`` builds positionally for speed; each value must land in its own field."""
-    from backends.engines import ReplicaLoad
-    from backends.registry import Backend
+    from spillgate.backends.engines import ReplicaLoad
+    from spillgate.backends.registry import Backend
 
     backend = Backend(
         "r",
@@ -118,7 +118,7 @@ def test_registry_snapshot_maps_every_field() -> None:
 def test_the_batch_under_way_counts_as_computed_as_time_passes() -> None:
     """A snapshot's pending prefill leaves out what the batch in progress has computed since it started, at the
     learned rate, but never more than that batch."""
-    from backends.registry import Backend
+    from spillgate.backends.registry import Backend
 
     backend = Backend("r", "replica", "http://x", "m", pending_prefill_tokens=10_000, prefill_tokens_per_s=20_000)
     assert backend.state(now=5.0).pending_prefill_tokens == 10_000, "no batch under way"
@@ -216,7 +216,7 @@ def test_cache_aware_settles_new_prefixes_where_fewer_requests_will_come_back() 
 
 def test_the_affinity_guard_moves_sooner_when_configured_to() -> None:
     """The warm replica is predicted ~2.8x slower than a cold one: kept at 8x, moved at the default (2x)."""
-    from policies.plugins import PrefixAffinityScorer
+    from spillgate.policies.plugins import PrefixAffinityScorer
 
     snap = Snapshot((replica("warm", pending=6000, prefix=2048), replica("cold")))
     patient = build_policy("cache_aware", PrefixAffinityScorer(max_slowdown=8.0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from backends.prefill_rate import PrefillRateEstimator
+from spillgate.backends.prefill_rate import PrefillRateEstimator
 
 
 def test_recovers_rate_despite_fixed_overhead_and_noise() -> None:

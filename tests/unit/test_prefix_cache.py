@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from cache.fingerprint import block_hashes, canonical_chat, prefix_seed
-from cache.index import PrefixIndex
+from spillgate.cache.fingerprint import block_hashes, canonical_chat, prefix_seed
+from spillgate.cache.index import PrefixIndex
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
@@ -122,7 +122,7 @@ def test_a_removed_replica_leaves_nothing_behind() -> None:
 
 
 def test_tracker_feedback_shrinks_belief_on_misses_and_restores_on_hits() -> None:
-    from gateway.prefix import PrefixTracker
+    from spillgate.gateway.dispatch.prefix import PrefixTracker
 
     tracker = PrefixTracker(block_chars=64, max_blocks=512)
     tracker.capacity_known("r0", 100 * tracker.tokens_per_block)  # room for 100 blocks
@@ -146,7 +146,7 @@ def test_tracker_feedback_shrinks_belief_on_misses_and_restores_on_hits() -> Non
 
 
 def test_tracker_withdraws_a_failed_dispatch() -> None:
-    from gateway.prefix import PrefixTracker
+    from spillgate.gateway.dispatch.prefix import PrefixTracker
 
     tracker = PrefixTracker(block_chars=64, max_blocks=512)
     tracker.capacity_known("r0", 100_000)

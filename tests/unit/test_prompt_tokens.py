@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from cache.fingerprint import canonical_chat
-from cache.tokens import PromptTokenizer
-from gateway.prefix import PrefixTracker
+from spillgate.cache.fingerprint import canonical_chat
+from spillgate.cache.tokens import PromptTokenizer
+from spillgate.gateway.dispatch.prefix import PrefixTracker
 from tests.support.tokenizer import train_tokenizer
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from backends.engines import engine_named
-from gateway.config import TenantConfig
-from gateway.proxy import prepare_replica_payload
-from gateway.tenants import Tenant
+from spillgate.backends.engines import engine_named
+from spillgate.gateway.control.config import TenantConfig
+from spillgate.gateway.serving.proxy import prepare_replica_payload
+from spillgate.gateway.tenancy.tenants import Tenant
 
 SGLANG_OWNED = engine_named("sglang").owned_fields
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from cache.index import PrefixIndex
-from cache.shared_index import SharedPrefixIndex
-from gateway.coalesce import PrefillsInFlight
+from spillgate.cache.index import PrefixIndex
+from spillgate.cache.shared_index import SharedPrefixIndex
+from spillgate.gateway.dispatch.coalesce import PrefillsInFlight
 from tests.support.procs import free_port
 from tests.support.redis_server import redis_url
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from policies.registry import build_policy
-from policies.spill import HybridPolicy
-from policies.types import BackendState, NoCandidate, OverCapacity, RouteRequest, Snapshot, Unservable
+from spillgate.policies.registry import build_policy
+from spillgate.policies.spill import HybridPolicy
+from spillgate.policies.types import BackendState, NoCandidate, OverCapacity, RouteRequest, Snapshot, Unservable
 
 SLO = 1.0
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sse import EventRelay, InvalidEvent, carries_text
+from spillgate.gateway.serving.sse import EventRelay, InvalidEvent, carries_text
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',

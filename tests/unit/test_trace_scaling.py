@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.bench.trace import PromptBuilder, TraceRecord, scaled
+from spillgate.gateway.bench.trace import PromptBuilder, TraceRecord, scaled
 
 
 def test_smaller_blocks_shrink_prompts_alike_and_keep_their_sharing() -> None:

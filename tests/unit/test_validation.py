@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.config import LimitsConfig
-from gateway.errors import ApiError
-from gateway.validation import parse_chat_request
+from spillgate.gateway.control.config import LimitsConfig
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.serving.validation import parse_chat_request
 
 LIMITS = LimitsConfig()
 

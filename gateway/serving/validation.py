@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from gateway.config import LimitsConfig
-from gateway.errors import ApiError
+from spillgate.gateway.control.config import LimitsConfig
+from spillgate.gateway.errors import ApiError
 
 CHARS_PER_TOKEN = 4
 MAX_NESTING = 254

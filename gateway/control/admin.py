@@ -10,11 +10,11 @@ import yaml
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.config import ConfigError
-from gateway.errors import ApiError, error_body
-from gateway.live_config import LiveConfig
-from gateway.state import GatewayState
-from gateway.tenants import Admin
+from spillgate.gateway.control.config import ConfigError
+from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.tenants import Admin
 
 
 def admin_router(state: GatewayState) -> APIRouter:

@@ -1,4 +1,4 @@
-"""The page's files, read from the installed package (``gateway/dashboard/static``) and served only by
+"""The page's files, read from the installed package (``gateway/observability/dashboard/static``) and served only by
 name from a fixed list, so no path can reach outside it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from importlib import resources
 
 from fastapi.responses import Response
 
-from gateway.errors import ApiError
+from spillgate.gateway.errors import ApiError
 
 MEDIA_TYPES = {
     "index.html": "text/html; charset=utf-8",
@@ -32,7 +32,7 @@ SECURITY_HEADERS = {
 
 @cache
 def _read(name: str) -> bytes:
-    return resources.files("gateway.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("spillgate.gateway.observability.dashboard").joinpath("static", name).read_bytes()
 
 
 def asset_response(name: str) -> Response:

@@ -6,7 +6,7 @@ uvicorn's own httptools protocol with two additions, closes a connection whose r
 arrived within ``header_timeout_s`` of its first byte (or of connecting), and refuses a client address more
 than ``max_connections_per_client`` connections at once (429, then closed); what its parser refuses is answered
 in OpenAI's error shape like everything else. Request bodies have their own
-deadline where they are read (:func:`gateway.exchange.read_body`).
+deadline where they are read (:func:`gateway.serving.exchange.read_body`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import Counter
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.errors import error_body
+from spillgate.gateway.errors import error_body
 
 _TOO_MANY = error_body(429, "Too many connections from this address.", code="too_many_connections")
 _TIMED_OUT = error_body(408, "The request headers did not arrive in time.", code="request_timeout")

@@ -9,10 +9,10 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from gateway.dashboard.assets import asset_response
-from gateway.dashboard.data import dashboard_data
-from gateway.errors import ApiError
-from gateway.state import GatewayState
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.observability.dashboard.assets import asset_response
+from spillgate.gateway.observability.dashboard.data import dashboard_data
+from spillgate.gateway.state import GatewayState
 
 MAX_POINTS = 1440
 """Buckets one response may hold: a day by the minute."""

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backends.engines import Engine, engine_named
-from backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
-from backends.prefill_rate import PrefillRateEstimator
-from backends.registry import Backend
-from gateway.accounting.rent import PoolPrice
-from gateway.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
-from gateway.routes import Route, build_routes
-from gateway.secrets import resolve_secret
-from gateway.tenants import TenantDirectory
+from spillgate.backends.engines import Engine, engine_named
+from spillgate.backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
+from spillgate.backends.prefill_rate import PrefillRateEstimator
+from spillgate.backends.registry import Backend
+from spillgate.gateway.accounting.rent import PoolPrice
+from spillgate.gateway.control.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
+from spillgate.gateway.control.routes import Route, build_routes
+from spillgate.gateway.control.secrets import resolve_secret
+from spillgate.gateway.tenancy.tenants import TenantDirectory
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
     """Hosted models with resolved keys and prices; loads litellm (seconds) only when there are any."""
     if not config.hosted_models:
         return {}
-    from backends.hosted.client import provider_of  # litellm, offline, at start-up rather than on a request
+    from spillgate.backends.hosted.client import provider_of  # litellm, offline, at start-up rather than on a request
 
     unknown = [
         (f"hosted_models.{i}.model", f"litellm knows no provider for {hosted.model!r} (e.g. openai/gpt-4o)")

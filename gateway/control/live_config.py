@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 import yaml
 
-from gateway.catalog import build_catalog
-from gateway.config import ConfigError, GatewayConfig, parse_config
-from gateway.config_history import (
+from spillgate.gateway.control.catalog import build_catalog
+from spillgate.gateway.control.config import ConfigError, GatewayConfig, parse_config
+from spillgate.gateway.control.config_history import (
     ConfigVersion,
     Destination,
     LocalHistory,
@@ -31,14 +31,14 @@ from gateway.config_history import (
     redact,
     unredact,
 )
-from gateway.egress import SecretBindings, env_problems, env_references, startup_hosts, url_problems
-from gateway.plain_data import non_json_problems
-from gateway.secrets import MissingSecret
-from gateway.tasks import stop_if_cancelled
-from gateway.tenants import resolve_key
+from spillgate.gateway.control.egress import SecretBindings, env_problems, env_references, startup_hosts, url_problems
+from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.gateway.control.secrets import MissingSecret
+from spillgate.gateway.tasks import stop_if_cancelled
+from spillgate.gateway.tenancy.tenants import resolve_key
 
 if TYPE_CHECKING:
-    from gateway.state import GatewayState
+    from spillgate.gateway.state import GatewayState
 
 log = logging.getLogger("spillgate.config")
 
@@ -316,7 +316,7 @@ class LiveConfig:
 def _provider_of(model: str) -> str | None:
     """The litellm provider of ``model``; litellm takes seconds to import, so only a hosted model without an
     ``api_base`` pays for it."""
-    from backends.hosted.client import provider_of
+    from spillgate.backends.hosted.client import provider_of
 
     return provider_of(model)
 

@@ -17,15 +17,16 @@ from typing import Any
 
 import orjson
 
-from backends.hosted.scrub import scrub
-from backends.http1 import HttpError, Response
-from backends.registry import Backend
-from gateway.accounting import QuotaExceeded, Reservation
-from gateway.admission import OVERLOADED, InFlightLimit, ReadingBudget
-from gateway.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
-from gateway.coalesce import hold_limit
-from gateway.errors import ApiError, error_body
-from gateway.exchange import (
+from spillgate.backends.hosted.scrub import scrub
+from spillgate.backends.http1 import HttpError, Response
+from spillgate.backends.registry import Backend
+from spillgate.gateway.accounting import QuotaExceeded, Reservation
+from spillgate.gateway.control.routes import Route
+from spillgate.gateway.dispatch.coalesce import hold_limit
+from spillgate.gateway.dispatch.retry_budget import jittered_backoff
+from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.serving.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
+from spillgate.gateway.serving.exchange import (
     JSON_HEADERS,
     SSE_HEADERS,
     Attempt,
@@ -41,14 +42,13 @@ from gateway.exchange import (
     send_error,
     send_json,
 )
-from gateway.hosted_relay import HostedRelay
-from gateway.retry_budget import jittered_backoff
-from gateway.routes import Route
-from gateway.sse import EventRelay, InvalidEvent, carries_text
-from gateway.state import GatewayState
-from gateway.tenants import Tenant
-from gateway.validation import ParsedRequest, parse_chat_request, parse_completion_request
-from policies.types import Decision, NoCandidate, OverCapacity, RouteRequest, Unservable
+from spillgate.gateway.serving.hosted_relay import HostedRelay
+from spillgate.gateway.serving.slots import OVERLOADED, InFlightLimit, ReadingBudget
+from spillgate.gateway.serving.sse import EventRelay, InvalidEvent, carries_text
+from spillgate.gateway.serving.validation import ParsedRequest, parse_chat_request, parse_completion_request
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.tenants import Tenant
+from spillgate.policies.types import Decision, NoCandidate, OverCapacity, RouteRequest, Unservable
 
 log = logging.getLogger("spillgate.proxy")
 
@@ -408,7 +408,8 @@ class CompletionsHandler:
 
     async def _await_shared_prefill(self, backend: Backend, attempt: Attempt) -> None:
         """If a request sent earlier will compute this one's prefix on ``backend`` but has not started, wait until
-        it has, so that this one lands in a later batch and finds the prefix cached (:mod:`gateway.coalesce`)."""
+        it has, so that this one lands in a later batch and finds the prefix cached
+        (:mod:`gateway.dispatch.coalesce`)."""
         fingerprint = attempt.fingerprint
         if fingerprint is None:
             return
@@ -424,7 +425,8 @@ class CompletionsHandler:
 
     async def _await_release(self, backend: Backend, attempt: Attempt) -> None:
         """Wait while the replica has enough prompts waiting unscheduled (an eighth of a prefill batch by default,
-        :mod:`gateway.coalesce`): sent now, the prompt would make their batch longer; held, it leads the next."""
+        :mod:`gateway.dispatch.coalesce`): sent now, the prompt would make their batch longer; held, it leads
+        the next."""
         lead = attempt.lead
         assert lead is not None and lead.released is not None
         prefilling = self._state.prefilling
@@ -581,7 +583,8 @@ class CompletionsHandler:
 
     def _saw_text(self, backend: Backend, attempt: Attempt, events: bytes) -> None:
         """Text from a later pass than the stream's first means the replica has begun another pass: with the
-        overlap scheduler, prefixes whose batch formed before it may now be joined (:mod:`gateway.coalesce`)."""
+        overlap scheduler, prefixes whose batch formed before it may now be joined
+        (:mod:`gateway.dispatch.coalesce`)."""
         if not attempt.streamed_text:
             attempt.streamed_text = carries_text(events)
         elif self._state.prefilling.awaits_pass(backend.name) and carries_text(events):

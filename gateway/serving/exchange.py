@@ -8,14 +8,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.hosted import Price
-from backends.registry import Backend
-from gateway.admission import READING_FULL_MESSAGE, ReadingBudget
-from gateway.coalesce import Lead
-from gateway.errors import ApiError
-from gateway.prefix import Fingerprint
-from gateway.tenants import Tenant
-from policies.types import RouteRequest, Snapshot
+from spillgate.backends.hosted import Price
+from spillgate.backends.registry import Backend
+from spillgate.gateway.dispatch.coalesce import Lead
+from spillgate.gateway.dispatch.prefix import Fingerprint
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.serving.slots import READING_FULL_MESSAGE, ReadingBudget
+from spillgate.gateway.tenancy.tenants import Tenant
+from spillgate.policies.types import RouteRequest, Snapshot
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -14,12 +14,18 @@ from typing import Any
 
 import xxhash
 
-from cache.fingerprint import block_hashes, canonical_chat, canonical_completion, prefix_seed, token_block_hashes
-from cache.index import PrefixIndex
-from cache.shared_index import SharedPrefixIndex
-from cache.tokens import PromptTokenizer
-from gateway.coalesce import Lead
-from gateway.validation import CHARS_PER_TOKEN
+from spillgate.cache.fingerprint import (
+    block_hashes,
+    canonical_chat,
+    canonical_completion,
+    prefix_seed,
+    token_block_hashes,
+)
+from spillgate.cache.index import PrefixIndex
+from spillgate.cache.shared_index import SharedPrefixIndex
+from spillgate.cache.tokens import PromptTokenizer
+from spillgate.gateway.dispatch.coalesce import Lead
+from spillgate.gateway.serving.validation import CHARS_PER_TOKEN
 
 _BLOCK_SLACK = 1
 """Blocks of disagreement tolerated before a report counts as a miss (templates add a few tokens)."""
@@ -100,7 +106,7 @@ class PrefixTracker:
     def announce(self, replica: str, lead: Lead) -> None:
         """``lead`` was sent to ``replica`` (or is held for it) and computes new blocks there once its prefill batch
         forms: tell the other gateway processes, so that their requests sharing those blocks wait for it
-        (:mod:`gateway.coalesce`)."""
+        (:mod:`gateway.dispatch.coalesce`)."""
         shared = self.shared
         joinable = lead.joinable
         if shared is None or joinable.done() or not lead.hashes:

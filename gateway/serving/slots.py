@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.errors import error_body
+from spillgate.gateway.errors import error_body
 
 READING_FULL_MESSAGE = (
     "The gateway is receiving as many request bytes as it is configured to (limits.max_reading_body_bytes); "

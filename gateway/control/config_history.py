@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gateway.secrets import ENV_PREFIX
-from gateway.tenants import key_digest
+from spillgate.gateway.control.secrets import ENV_PREFIX
+from spillgate.gateway.tenancy.tenants import key_digest
 
 REDACTED = "<redacted>"
 

@@ -7,10 +7,10 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from gateway.accounting import UNLIMITED, TenantLimits
-from gateway.config import AdminConfig, ConfigError, TenantConfig
-from gateway.errors import ApiError
-from gateway.secrets import MissingSecret, resolve_secret
+from spillgate.gateway.accounting import UNLIMITED, TenantLimits
+from spillgate.gateway.control.config import AdminConfig, ConfigError, TenantConfig
+from spillgate.gateway.control.secrets import MissingSecret, resolve_secret
+from spillgate.gateway.errors import ApiError
 
 ANONYMOUS = "anonymous"
 _SALT_SEPARATOR = "|"
@@ -52,7 +52,7 @@ class Admin:
     key_id: str
     """The first characters of the key's digest: enough to tell keys apart in the config history."""
     digest: str = ""
-    """The whole digest: a config change made with this key must keep it (:mod:`gateway.live_config`)."""
+    """The whole digest: a config change made with this key must keep it (:mod:`gateway.control.live_config`)."""
 
 
 def key_digest(key: str) -> str:

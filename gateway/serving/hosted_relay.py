@@ -1,7 +1,7 @@
 """Serving a request on a hosted model, relayed in OpenAI's format whatever the provider: through litellm, or
 straight for the streams of OpenAI-compatible providers (:mod:`backends.hosted.direct`).
 
-A failure before the client saw a byte becomes :class:`~gateway.exchange.TryElsewhere`, so the gateway
+A failure before the client saw a byte becomes :class:`~gateway.serving.exchange.TryElsewhere`, so the gateway
 can fall back to another candidate (replicas or another provider); a failure mid-stream is reported
 in-band, as OpenAI does. Provider keys never reach the client: error messages come from
 ``backends.hosted``, which scrubs them.
@@ -14,11 +14,19 @@ from collections.abc import Callable
 
 import httpx
 
-from backends.hosted import HostedCompletion, HostedError, HostedModel
-from backends.registry import Backend
-from gateway.errors import ApiError
-from gateway.exchange import JSON_HEADERS, SSE_HEADERS, Attempt, Send, TryElsewhere, response_headers, send_json
-from gateway.validation import ParsedRequest
+from spillgate.backends.hosted import HostedCompletion, HostedError, HostedModel
+from spillgate.backends.registry import Backend
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.serving.exchange import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    Attempt,
+    Send,
+    TryElsewhere,
+    response_headers,
+    send_json,
+)
+from spillgate.gateway.serving.validation import ParsedRequest
 
 log = logging.getLogger("spillgate.hosted")
 
@@ -48,7 +56,7 @@ class HostedRelay:
         send: Send,
         first_token: FirstToken,
     ) -> str:
-        from backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
+        from spillgate.backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
 
         try:
             result = await complete(model, parsed.payload, http=self._http)

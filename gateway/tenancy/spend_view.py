@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gateway.accounting import Accountant
+from spillgate.gateway.accounting import Accountant
 
 
 class LedgerSpend:

@@ -1,6 +1,6 @@
 """What a finished request leaves behind: its metrics, its price, and its ledger entry.
 
-Kept apart from the hot path in :mod:`gateway.proxy`, which calls :func:`book_dispatch` before a request is
+Kept apart from the hot path in :mod:`gateway.serving.proxy`, which calls :func:`book_dispatch` before a request is
 sent, and :func:`price_cut_off`, :func:`record_outcome` and then :func:`book_ledger` once it ends, whatever its
 outcome: the price the first two set is what the third books, so the spend metrics and the ledger agree.
 """
@@ -11,15 +11,15 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.accounting import Accountant, LedgerEntry, Reservation
-from gateway.accounting.rent import RentBook
-from gateway.exchange import Attempt
-from gateway.metrics import ALL_TENANTS, GatewayMetrics
-from gateway.validation import ParsedRequest
-from policies.prediction import predicted_ttft
+from spillgate.gateway.accounting import Accountant, LedgerEntry, Reservation
+from spillgate.gateway.accounting.rent import RentBook
+from spillgate.gateway.observability.metrics import ALL_TENANTS, GatewayMetrics
+from spillgate.gateway.serving.exchange import Attempt
+from spillgate.gateway.serving.validation import ParsedRequest
+from spillgate.policies.prediction import predicted_ttft
 
 if TYPE_CHECKING:
-    from gateway.state import GatewayState
+    from spillgate.gateway.state import GatewayState
 
 
 def record_outcome(metrics: GatewayMetrics, attempt: Attempt, rent: RentBook, *, tenant_labels: bool) -> None:

@@ -9,14 +9,14 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.engines import EngineName
-from gateway.egress import env_problems, url_problems
-from gateway.plain_data import non_json_problems
-from policies.engine import Policy, with_weights
-from policies.plugins import PrefixAffinityScorer
-from policies.registry import build_policy
+from spillgate.backends.engines import EngineName
+from spillgate.gateway.control.egress import env_problems, url_problems
+from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.policies.engine import Policy, with_weights
+from spillgate.policies.plugins import PrefixAffinityScorer
+from spillgate.policies.registry import build_policy
 
-DEMO_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "demo.yaml"
+DEMO_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 
 RECOMMENDED_SGLANG_FLAGS = ("--enable-metrics", "--enable-cache-report")
 """What an SGLang replica needs for the gateway to get every signal it uses (README, Real engines)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.secrets import ENV_PREFIX
+from spillgate.gateway.control.secrets import ENV_PREFIX
 
 
 def host_allowed(url: str, patterns: Iterable[str]) -> bool:

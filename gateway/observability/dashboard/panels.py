@@ -7,10 +7,10 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from backends.registry import Backend
-from gateway.accounting.rent import PoolRent
-from gateway.dashboard.quantile import histogram_quantile
-from gateway.dashboard.samples import Samples, keys, one
+from spillgate.backends.registry import Backend
+from spillgate.gateway.accounting.rent import PoolRent
+from spillgate.gateway.observability.dashboard.quantile import histogram_quantile
+from spillgate.gateway.observability.dashboard.samples import Samples, keys, one
 
 QUANTILES = (0.5, 0.95, 0.99)
 SPILL_REASONS = frozenset({"overflow", "complex", "fallback"})

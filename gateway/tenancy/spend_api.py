@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from gateway.errors import ApiError
-from gateway.state import GatewayState
-from gateway.tenants import ANONYMOUS
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.tenants import ANONYMOUS
 
 _HOURS = Query(default=1.0, gt=0, le=24, description="how far back the series goes")
 _BUCKET = Query(default=60, ge=60, le=3600, multiple_of=60, description="series bucket width, whole minutes")

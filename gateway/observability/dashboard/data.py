@@ -9,12 +9,12 @@ import re
 import time
 from typing import Any
 
-from gateway.capacity.api import capacity_report, report_json
-from gateway.dashboard import panels
-from gateway.dashboard.ledger import SpendLedger, spend_panel
-from gateway.dashboard.samples import Samples
-from gateway.state import GatewayState
-from gateway.tenants import Admin, Tenant
+from spillgate.gateway.capacity.api import capacity_report, report_json
+from spillgate.gateway.observability.dashboard import panels
+from spillgate.gateway.observability.dashboard.ledger import SpendLedger, spend_panel
+from spillgate.gateway.observability.dashboard.samples import Samples
+from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.tenants import Admin, Tenant
 
 REFRESH_S = 2.0
 ADMIN_ONLY = "admin key required: these figures cover every tenant"

@@ -6,11 +6,11 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from backends.hosted import HostedModel, Price
-from gateway.config import GatewayConfig, RouteConfig, SpillConfig
-from policies.engine import Policy
-from policies.spill import HybridPolicy
-from policies.types import Decision
+from spillgate.backends.hosted import HostedModel, Price
+from spillgate.gateway.control.config import GatewayConfig, RouteConfig, SpillConfig
+from spillgate.policies.engine import Policy
+from spillgate.policies.spill import HybridPolicy
+from spillgate.policies.types import Decision
 
 
 @dataclass
