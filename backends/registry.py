@@ -20,6 +20,7 @@ import httpx
 
 from spillgate.backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
 from spillgate.backends.engines.base import Get
+from spillgate.backends.load import OwnLoad, PeersLoad
 from spillgate.backends.outlier import Breaker, OutlierRules
 from spillgate.backends.prefill_rate import PrefillRateEstimator
 from spillgate.policies.types import BackendKind, BackendState, Snapshot
@@ -50,11 +51,10 @@ class Backend:
     """Passive outlier detection from real requests (:mod:`backends.outlier`): out while ejected, probes or not."""
     pool: str = ""
     """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
-    in_flight: int = 0
-    sent_total: int = 0
-    """Requests this process has sent here, a running total: a scrape counts every one that may have been
-    running while the replica answered it, as ours."""
-    pending_prefill_tokens: int = 0
+    own: OwnLoad = field(default_factory=OwnLoad)
+    """This process's requests here: written only by the dispatch ticket (:mod:`gateway.dispatch.ticket`)."""
+    peers: PeersLoad = field(default_factory=PeersLoad)
+    """The other gateway processes' requests here: written only by :mod:`gateway.dispatch.peer_load`."""
     prefill_tokens_per_s: float = 20000.0
     """The configured prior; ``prefill.rate`` is what routing uses once measurements exist."""
     max_running: int = 0
@@ -71,31 +71,10 @@ class Backend:
     ttft_s: float = 0.0
     """Recent TTFT (prior from config until measured)."""
     tpot_s: float = 0.0
-    outstanding_tokens: int = 0
-    last_first_token_at: float = 0.0
-    """When the latest first token of a streamed request came back from here (``perf_counter``)."""
-    running_prefill_tokens: int = 0
-    """Of ``pending_prefill_tokens``, those of the prefill batch in progress here
-    (:mod:`gateway.dispatch.coalesce`)..."""
-    running_prefill_since: float = 0.0
-    """...which started then (``time.monotonic``): what it has computed since is counted as done."""
     load: ReplicaLoad = field(default_factory=ReplicaLoad)
     external_load: int = 0
     """What the last scrape showed beyond the gateway's requests in flight, its other processes' included
     (see ``BackendState``)."""
-    prefilled_tokens: int = 0
-    """Uncached prompt tokens of this process's streamed requests whose first token came back: a running total
-    the other gateway processes read (:mod:`gateway.dispatch.peer_load`)."""
-    peer_in_flight: int = 0
-    """The other gateway processes' requests in flight here, as they last said (:mod:`gateway.dispatch.peer_load`)..."""
-    peer_pending_prefill_tokens: int = 0
-    """...their uncached prompt tokens not yet past the first token..."""
-    peer_outstanding_tokens: int = 0
-    """...their output tokens still to come..."""
-    peer_prefilled_tokens: int = 0
-    """...and the uncached prompt tokens their requests here have had prefilled, a running total."""
-    peer_prefilled_at_first_token: int = 0
-    """``peer_prefilled_tokens`` when this process's latest first token came back from here."""
     max_total_tokens: int = 0
     generation_failed: bool = False
     """The last generation check failed: the process answers but does not generate."""
@@ -107,6 +86,11 @@ class Backend:
     def __post_init__(self) -> None:
         self.prefill = PrefillRateEstimator(self.prefill_tokens_per_s)
         self.use_key(self.api_key)
+
+    @property
+    def hosted(self) -> bool:
+        """A hosted model, billed by its provider per token: what tenants' hosted budgets count."""
+        return self.kind == "hosted"
 
     def use_key(self, api_key: str | None) -> None:
         """Send ``api_key`` as a bearer token from now on, with requests and probes alike."""
@@ -120,48 +104,45 @@ class Backend:
         """This process's uncached tokens here not yet computed: those before their first token, less what the
         batch under way has computed since it started (counted whole, a short queue behind a batch looks 1.5x
         as long)."""
-        pending = self.pending_prefill_tokens
-        if self.running_prefill_tokens:
-            done = (now - self.running_prefill_since) * self.prefill.rate
-            pending -= min(self.running_prefill_tokens, int(done))
+        own = self.own
+        pending = own.pending_prefill_tokens
+        if own.running_prefill_tokens:
+            done = (now - own.running_prefill_since) * self.prefill.rate
+            pending -= min(own.running_prefill_tokens, int(done))
         return pending
 
     def state(self, now: float, prefix_tokens: int = 0) -> BackendState:
-        load = self.load
-        in_flight = self.in_flight + self.peer_in_flight
-        pending = self.pending_prefill_tokens + self.peer_pending_prefill_tokens
-        if self.running_prefill_tokens:  # own_pending_prefill, inlined: this runs per candidate per request
-            done = (now - self.running_prefill_since) * self.prefill.rate
-            pending -= min(self.running_prefill_tokens, int(done))
-        # Built once per candidate per request: positional, in BackendState's field order, through tuple.__new__
-        # (what the named tuple's own constructor calls after binding 22 arguments, which costs twice as much).
-        return _new_state(
-            BackendState,
-            (
-                self.name,
-                self.kind,
-                self.healthy and now >= self.unhealthy_until and now >= self.breaker.ejected_until,
-                in_flight,
-                load.running,
-                load.queued,
-                load.token_usage,
-                load.cache_hit_rate,
-                self.max_total_tokens,
-                prefix_tokens,
-                pending,
-                self.prefill.rate,
-                self.max_running,
-                self.mean_service_s,
-                self.tier,
-                self.context_window,
-                self.ttft_s,
-                self.tpot_s,
-                self.usd_per_mtok_in,
-                self.usd_per_mtok_out,
-                self.outstanding_tokens + self.peer_outstanding_tokens,
-                self.prefill.busy_overhead_s if in_flight else self.prefill.overhead_s,
-                self.external_load,
-            ),
+        """What policies see of this backend at ``now``: its own load and its peers' together."""
+        load, own, peers = self.load, self.own, self.peers
+        in_flight = own.in_flight + peers.in_flight
+        pending = own.pending_prefill_tokens + peers.pending_prefill_tokens
+        if own.running_prefill_tokens:  # own_pending_prefill, inlined: this runs per candidate per request
+            done = (now - own.running_prefill_since) * self.prefill.rate
+            pending -= min(own.running_prefill_tokens, int(done))
+        return BackendState(
+            name=self.name,
+            kind=self.kind,
+            healthy=self.healthy and now >= self.unhealthy_until and now >= self.breaker.ejected_until,
+            in_flight=in_flight,
+            running=load.running,
+            queued=load.queued,
+            token_usage=load.token_usage,
+            cache_hit_rate=load.cache_hit_rate,
+            max_total_tokens=self.max_total_tokens,
+            prefix_tokens=prefix_tokens,
+            pending_prefill_tokens=pending,
+            prefill_tokens_per_s=self.prefill.rate,
+            max_running=self.max_running,
+            mean_service_s=self.mean_service_s,
+            tier=self.tier,
+            context_window=self.context_window,
+            ttft_s=self.ttft_s,
+            tpot_s=self.tpot_s,
+            usd_per_mtok_in=self.usd_per_mtok_in,
+            usd_per_mtok_out=self.usd_per_mtok_out,
+            outstanding_tokens=own.outstanding_tokens + peers.outstanding_tokens,
+            prefill_overhead_s=self.prefill.busy_overhead_s if in_flight else self.prefill.overhead_s,
+            external_load=self.external_load,
         )
 
     def observe_service_time(self, seconds: float) -> None:
@@ -189,9 +170,6 @@ class Backend:
             self.ttft_s = _ewma(self.ttft_s, ttft_s)
         if tpot_s is not None:
             self.tpot_s = _ewma(self.tpot_s, tpot_s)
-
-
-_new_state = tuple.__new__
 
 
 _CACHE_REPORT = "cached-token feedback to the prefix index"
@@ -349,7 +327,7 @@ class BackendRegistry:
     async def _probe(self, backend: Backend) -> None:
         get = self._get(backend)
         engine = backend.engine
-        in_flight, sent = backend.in_flight, backend.sent_total  # ours when the probe left
+        in_flight, sent = backend.own.in_flight, backend.own.sent_total  # ours when the probe left
         try:
             alive = await get(engine.liveness_path)
             if alive.status_code == 404 and engine.liveness_path != "/health":
@@ -365,7 +343,7 @@ class BackendRegistry:
                     load = engine.parse_load(metrics.text)
                     restarted |= load.prompt_tokens_total < backend.load.prompt_tokens_total
                     backend.load = load
-                    ours = in_flight + backend.sent_total - sent + backend.peer_in_flight
+                    ours = in_flight + backend.own.sent_total - sent + backend.peers.in_flight
                     backend.external_load = external_load(load, ours)
             if restarted:
                 log.info("replica %s restarted: forgetting what it had cached", backend.name)

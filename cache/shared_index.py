@@ -32,9 +32,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from spillgate.cache.index import PrefixIndex
-from spillgate.gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.prefix.shared")
+
+
+def _stop_if_cancelled(cause: BaseException | None = None) -> None:
+    """End a reconnecting loop whose task was cancelled: redis-py may turn a cancellation into a connection error
+    (or swallow it in a blocking read), and a loop that retries on those would never stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from cause
 
 Operation = Literal["insert", "forget", "clear", "computing", "started", "gone"]
 _ANNOUNCEMENTS = frozenset({b"computing", b"started", b"gone"})
@@ -129,7 +136,7 @@ class SharedPrefixIndex:
             try:
                 await self._flush_once()
             except (RedisError, OSError) as exc:
-                stop_if_cancelled(exc)
+                _stop_if_cancelled(exc)
                 self._lost(exc)
                 await asyncio.sleep(_RETRY_S)
 
@@ -159,7 +166,7 @@ class SharedPrefixIndex:
                     newest = await self._redis.xrevrange(self._stream, count=1)
                     self._replay_end = _entry_order(newest[0][0]) if newest else (0, 0)
                 replies = await self._redis.xread({self._stream: last_id}, count=1000, block=1000)
-                stop_if_cancelled()  # redis-py can swallow a cancellation that lands in a blocking read
+                _stop_if_cancelled()  # redis-py can swallow a cancellation that lands in a blocking read
                 if not self.connected:
                     self.connected = True
                     log.info("prefix index shared through Redis stream %s", self._stream)
@@ -171,7 +178,7 @@ class SharedPrefixIndex:
                         except (KeyError, ValueError) as exc:  # malformed (another version?): skip it, keep following
                             log.warning("prefix index: skipped stream entry %s (%r)", entry_id, exc)
             except (RedisError, OSError) as exc:
-                stop_if_cancelled(exc)
+                _stop_if_cancelled(exc)
                 self._lost(exc)
                 # Announcements cannot be heard start now, and those written meanwhile are stale on return.
                 self._replay_end = None

@@ -22,7 +22,7 @@ from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.openapi import install_openapi
 from spillgate.gateway.serving.exchange import Receive, Scope, Send
-from spillgate.gateway.serving.proxy import CompletionsHandler
+from spillgate.gateway.serving.handler import CompletionsHandler
 from spillgate.gateway.serving.slots import InFlightLimit, ReadingBudget
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.spend_api import spend_router
@@ -120,8 +120,8 @@ def build_control_app(state: GatewayState) -> FastAPI:
         backends = {
             b.name: {
                 "healthy": b.state(now).healthy,
-                "in_flight": b.in_flight,
-                "peer_in_flight": b.peer_in_flight,
+                "in_flight": b.own.in_flight,
+                "peer_in_flight": b.peers.in_flight,
                 "prefill_tokens_per_s": round(b.prefill.rate),
                 "prefill_overhead_ms": round(b.prefill.overhead_s * 1000, 2),
                 "prefill_overhead_busy_ms": round(b.prefill.busy_overhead_s * 1000, 2),
@@ -188,7 +188,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
         state.metrics.clear_backend_gauges()
         for backend in state.registry:
             state.metrics.backend_healthy.labels(backend.name).set(1.0 if backend.healthy else 0.0)
-            state.metrics.in_flight.labels(backend.name).set(backend.in_flight)
+            state.metrics.in_flight.labels(backend.name).set(backend.own.in_flight)
             if backend.kind == "replica":
                 state.metrics.queued.labels(backend.name).set(backend.load.queued)
                 state.metrics.running.labels(backend.name).set(backend.load.running)

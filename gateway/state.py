@@ -33,6 +33,7 @@ from spillgate.gateway.dispatch.coalesce import PrefillsInFlight
 from spillgate.gateway.dispatch.peer_load import PeerLoad
 from spillgate.gateway.dispatch.prefix import PrefixTracker
 from spillgate.gateway.dispatch.retry_budget import RetryBudget
+from spillgate.gateway.dispatch.ticket import Dispatcher
 from spillgate.gateway.observability.metrics import GatewayMetrics
 from spillgate.gateway.tenancy.spend_view import LedgerSpend
 from spillgate.gateway.tenancy.tenants import TenantDirectory
@@ -73,6 +74,11 @@ class GatewayState:
     peer_load: PeerLoad | None = field(default=None, init=False)
     """With Redis: the other gateway processes' load at each replica, added to this one's."""
     _capacity_sampling: asyncio.Task[None] | None = field(default=None, init=False)
+    dispatcher: Dispatcher = field(init=False)
+    """Books each attempt on its backend (:mod:`gateway.dispatch.ticket`): the only writer of this process's load."""
+
+    def __post_init__(self) -> None:
+        self.dispatcher = Dispatcher(self.prefilling, self.prefix)
 
     @property
     def spend(self) -> LedgerSpend:

@@ -95,7 +95,7 @@ def saturated(backend: Backend) -> bool:
     process's: then what this process sees it produce is what it can produce."""
     load = backend.load
     at_limit = load.queued > 0 or (backend.max_running > 0 and load.running >= backend.max_running)
-    alone = backend.peer_in_flight == 0 and backend.external_load == 0
+    alone = backend.peers.in_flight == 0 and backend.external_load == 0
     return backend.healthy and at_limit and alone
 
 

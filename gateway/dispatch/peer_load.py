@@ -108,7 +108,7 @@ class PeerLoad:
         self._sequence += 1
         now = time.monotonic()
         counts = {
-            b.name: (b.in_flight, b.own_pending_prefill(now), b.outstanding_tokens, b.prefilled_tokens)
+            b.name: (b.own.in_flight, b.own_pending_prefill(now), b.own.outstanding_tokens, b.own.prefilled_tokens)
             for b in self._replicas()
         }
         payload = orjson.dumps((self._sequence, counts))
@@ -160,10 +160,11 @@ class PeerLoad:
                     in_flight += values[0]
                     pending += values[1]
                     outstanding += values[2]
-            backend.peer_in_flight = in_flight
-            backend.peer_pending_prefill_tokens = pending
-            backend.peer_outstanding_tokens = outstanding
-            backend.peer_prefilled_tokens += prefilled.get(backend.name, 0)
+            peers = backend.peers
+            peers.in_flight = in_flight
+            peers.pending_prefill_tokens = pending
+            peers.outstanding_tokens = outstanding
+            peers.prefilled_tokens += prefilled.get(backend.name, 0)
         return dead
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from spillgate.backends.hosted import Price
 from spillgate.backends.registry import Backend
-from spillgate.gateway.dispatch.coalesce import Lead
 from spillgate.gateway.dispatch.prefix import Fingerprint
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.serving.slots import READING_FULL_MESSAGE, ReadingBudget
@@ -37,7 +36,8 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 
 @dataclass(slots=True)
 class Attempt:
-    """What one request did, for the response headers and the metrics."""
+    """What one request did, for the response headers, the metrics and the ledger. Its load on a backend is
+    not here: each attempt's :class:`~gateway.dispatch.ticket.DispatchTicket` holds that."""
 
     request_id: str
     started: float
@@ -60,23 +60,10 @@ class Attempt:
     fingerprint: Fingerprint | None = None
     matched_blocks: dict[str, int] = field(default_factory=dict)
     prefix_tokens: dict[str, int] = field(default_factory=dict)
-    pending_prefill: int = 0
-    """Uncached prompt tokens booked on the backend until its first token arrives."""
-    lead: Lead | None = None
-    """This request's place in its replica's prefill order and the new prefix blocks it computes there."""
     stream: bool = False
-    streamed_text: bool = False
-    """A read of the stream has carried generated text: any later one that does comes from a later pass."""
     sent_at: float = 0.0
-    booked_tokens: int = 0
-    """Output tokens booked on the backend until the request ends."""
+    """When the backend that answered was sent the request (after any hold), ``perf_counter``."""
     tpot_s: float | None = None
-    prefill_ahead: int | None = None
-    """Uncached prompt tokens the gateway had in prefill on the backend when this was sent, so that its TTFT
-    measures prefill speed: ``(prefill_ahead + its own uncached tokens) / rate``. ``None`` when every running
-    slot there was taken, since the wait then included other requests' decoding."""
-    sent_to_busy: bool = False
-    """Other requests were in flight on the backend when this was sent (it waited for their pass)."""
     decided_from: tuple[RouteRequest, Snapshot, str] | None = None
     """What the policy chose from, and what it chose: kept (immutable, so free to keep) for judging the
     prediction once the first token is in, off the hot path."""

@@ -17,6 +17,7 @@ import random
 import statistics
 import time
 
+from spillgate.backends.load import OwnLoad
 from spillgate.backends.registry import Backend, BackendRegistry
 from spillgate.gateway.control.config import PrefixConfig
 from spillgate.gateway.dispatch.prefix import PrefixTracker
@@ -49,7 +50,7 @@ def main() -> None:
     policy = build_policy("cache_aware")
     registry = BackendRegistry(
         [
-            Backend(n, "replica", f"http://127.0.0.1:{9000 + i}", "m", in_flight=rng.randrange(8))
+            Backend(n, "replica", f"http://127.0.0.1:{9000 + i}", "m", own=OwnLoad(in_flight=rng.randrange(8)))
             for i, n in enumerate(names)
         ],
         interval_s=1.0,

@@ -65,11 +65,11 @@ def install(path: str) -> None:
     # A route's ``weights`` apply to the policy inside the tracer.
     policy_engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))
 
-    from spillgate.gateway.serving import proxy
+    from spillgate.gateway.serving import admission, forwarding
 
     out = open(path, "ab")  # noqa: SIM115  (open for the life of the process)
 
-    decide = proxy.CompletionsHandler._decide
+    decide = admission.Admission.decide
 
     def traced_decide(self: Any, request: Any, route: Any, targets: Any, attempt: Any) -> Any:
         # The policy ran synchronously inside: its record is this request's (a request deciding again, after
@@ -81,7 +81,7 @@ def install(path: str) -> None:
             _last_decision = None
         return decision
 
-    record = proxy.record_outcome
+    record = forwarding.record_outcome
 
     def traced_record(metrics: Any, attempt: Any, *args: Any, **kwargs: Any) -> None:
         ended = time.perf_counter()
@@ -105,8 +105,8 @@ def install(path: str) -> None:
         out.write(orjson.dumps(entry) + b"\n")
         out.flush()
 
-    proxy.CompletionsHandler._decide = traced_decide
-    proxy.record_outcome = traced_record
+    admission.Admission.decide = traced_decide  # type: ignore[method-assign]
+    forwarding.record_outcome = traced_record
 
 
 def main(argv: list[str]) -> int:

@@ -133,12 +133,12 @@ async def test_a_request_of_ours_that_ends_during_a_scrape_is_not_other_clients_
             client.stream("POST", replica.url + "/v1/chat/completions", json={**request, "stream": True}) as stream,
         ):
             await anext(stream.aiter_lines())  # running there now; the gateway's books say so too
-            backend.in_flight, backend.sent_total = 1, 1
+            backend.own.in_flight, backend.own.sent_total = 1, 1
             os.killpg(replica.pid, signal.SIGSTOP)  # the scrape below waits for the replica...
             try:
                 scrape = asyncio.create_task(registry.poll_once())
                 await asyncio.sleep(0.2)
-                backend.in_flight = 0  # ...while our request is settled as far as the gateway can tell
+                backend.own.in_flight = 0  # ...while our request is settled as far as the gateway can tell
             finally:
                 os.killpg(replica.pid, signal.SIGCONT)
             await scrape

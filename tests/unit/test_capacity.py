@@ -263,7 +263,7 @@ def _saturated_windows(pool: Pool, *, late_share: float = 0.0, peers: int = 0) -
     """Five windows of 10 s with the replica at max_running, serving 5 RPS of 300 tokens (1,500 tok/s)."""
     backend = pool.replicas[0]
     backend.max_running = 48
-    backend.peer_in_flight = peers
+    backend.peers.in_flight = peers
     pool.sample_every_second(0, 50, running=48)
     pool.serve(0.0, 50, 5)
     if late_share:  # that many more, spread evenly, missing their TTFT

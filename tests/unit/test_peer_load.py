@@ -26,35 +26,35 @@ async def test_each_process_sees_the_others_load_added_to_its_own(redis_url: str
     me = PeerLoad(mine, aioredis.from_url(redis_url), key=shared)
     other = PeerLoad(theirs, aioredis.from_url(redis_url), key=shared)
     try:
-        theirs[0].in_flight, theirs[0].pending_prefill_tokens, theirs[0].outstanding_tokens = 3, 1200, 64
-        mine[0].in_flight, mine[0].pending_prefill_tokens = 1, 500
+        theirs[0].own.in_flight, theirs[0].own.pending_prefill_tokens, theirs[0].own.outstanding_tokens = 3, 1200, 64
+        mine[0].own.in_flight, mine[0].own.pending_prefill_tokens = 1, 500
         await other.exchange_once()
         await me.exchange_once()
         assert me.peers == 1
-        assert (mine[0].peer_in_flight, mine[0].peer_pending_prefill_tokens, mine[0].peer_outstanding_tokens) == (
+        assert (mine[0].peers.in_flight, mine[0].peers.pending_prefill_tokens, mine[0].peers.outstanding_tokens) == (
             3,
             1200,
             64,
         )
-        assert (mine[1].peer_in_flight, mine[1].peer_pending_prefill_tokens) == (0, 0)
+        assert (mine[1].peers.in_flight, mine[1].peers.pending_prefill_tokens) == (0, 0)
         state = mine[0].state(time.monotonic())
         assert (state.in_flight, state.pending_prefill_tokens, state.outstanding_tokens) == (4, 1700, 64)
-        assert mine[0].in_flight == 1, "a process's own count stays its own"
+        assert mine[0].own.in_flight == 1, "a process's own count stays its own"
 
         # The other's prefilled tokens arrive as a running total: each read adds what is new.
-        theirs[0].prefilled_tokens = 900
+        theirs[0].own.prefilled_tokens = 900
         await other.exchange_once()
         await me.exchange_once()
-        theirs[0].prefilled_tokens = 1000
+        theirs[0].own.prefilled_tokens = 1000
         await other.exchange_once()
         await me.exchange_once()
         await me.exchange_once()  # nothing new: nothing added
-        assert mine[0].peer_prefilled_tokens == 1000
+        assert mine[0].peers.prefilled_tokens == 1000
 
         # The other stops: its field goes at once, and with it its load.
         await other.stop()
         await me.exchange_once()
-        assert me.peers == 0 and mine[0].peer_in_flight == 0 and mine[0].peer_pending_prefill_tokens == 0
+        assert me.peers == 0 and mine[0].peers.in_flight == 0 and mine[0].peers.pending_prefill_tokens == 0
     finally:
         await me.stop()
 
@@ -67,14 +67,14 @@ async def test_a_process_that_stops_publishing_is_left_out_and_garbage_is_ignore
     client = aioredis.from_url(redis_url)
     try:
         await client.hset(shared, "another-version", b"not json")
-        theirs[1].in_flight = 5
+        theirs[1].own.in_flight = 5
         await silent.exchange_once()
         await me.exchange_once()
-        assert me.peers == 1 and mine[1].peer_in_flight == 5
+        assert me.peers == 1 and mine[1].peers.in_flight == 5
         await asyncio.sleep(0.3)  # it publishes no more (killed, say): its last word goes stale
         await me.exchange_once()
         await me.exchange_once()
-        assert me.peers == 0 and mine[1].peer_in_flight == 0
+        assert me.peers == 0 and mine[1].peers.in_flight == 0
     finally:
         await me.stop()
         await client.delete(shared)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spillgate.policies.prediction import predicted_ttft
-from spillgate.policies.registry import POLICY_NAMES, build_policy
+from spillgate.policies.registry import PolicyParamError, build_policy, policy_names
 from spillgate.policies.types import BackendState, NoCandidate, RouteRequest, Snapshot
 
 
@@ -48,7 +48,7 @@ def test_least_load_ties_rotate() -> None:
     assert {policy.decide(request(seq), snapshot(0, 0, 0)).backend for seq in range(3)} == {"b0", "b1", "b2"}
 
 
-@pytest.mark.parametrize("name", POLICY_NAMES)
+@pytest.mark.parametrize("name", policy_names())
 def test_no_healthy_backend_raises(name: str) -> None:
     with pytest.raises(NoCandidate):
         build_policy(name).decide(request(), snapshot(0, 0, healthy=(False, False)))
@@ -60,8 +60,9 @@ def test_unknown_policy_name() -> None:
 
 
 def test_registry_snapshot_maps_every_field() -> None:
-    """``Backend.state`` builds positionally for speed; each value must land in its own field."""
+    """Each of a backend's values lands in its own field of the snapshot."""
     from spillgate.backends.engines import ReplicaLoad
+    from spillgate.backends.load import OwnLoad
     from spillgate.backends.registry import Backend
 
     backend = Backend(
@@ -69,8 +70,7 @@ def test_registry_snapshot_maps_every_field() -> None:
         "replica",
         "http://x",
         "m",
-        in_flight=3,
-        pending_prefill_tokens=11,
+        own=OwnLoad(in_flight=3, pending_prefill_tokens=11),
         prefill_tokens_per_s=5.0,
         max_running=7,
         mean_service_s=0.25,
@@ -83,7 +83,7 @@ def test_registry_snapshot_maps_every_field() -> None:
         tpot_s=0.04,
     )
     backend.load = ReplicaLoad(running=4, queued=2, token_usage=0.5, cache_hit_rate=0.75)
-    backend.outstanding_tokens = 17
+    backend.own.outstanding_tokens = 17
     backend.external_load = 5
     backend.prefill.overhead_s = 0.001  # an idle replica's; this one has requests in flight
     backend.prefill.busy_overhead_s = 0.006
@@ -120,9 +120,10 @@ def test_the_batch_under_way_counts_as_computed_as_time_passes() -> None:
     learned rate, but never more than that batch."""
     from spillgate.backends.registry import Backend
 
-    backend = Backend("r", "replica", "http://x", "m", pending_prefill_tokens=10_000, prefill_tokens_per_s=20_000)
+    backend = Backend("r", "replica", "http://x", "m", prefill_tokens_per_s=20_000)
+    backend.own.pending_prefill_tokens = 10_000
     assert backend.state(now=5.0).pending_prefill_tokens == 10_000, "no batch under way"
-    backend.running_prefill_tokens, backend.running_prefill_since = 6_000, 4.75
+    backend.own.running_prefill_tokens, backend.own.running_prefill_since = 6_000, 4.75
     assert backend.state(now=5.0).pending_prefill_tokens == 5_000, "0.25 s at 20k tokens/s"
     assert backend.state(now=9.0).pending_prefill_tokens == 4_000, "the batch itself, and no more"
 
@@ -216,13 +217,38 @@ def test_cache_aware_settles_new_prefixes_where_fewer_requests_will_come_back() 
 
 def test_the_affinity_guard_moves_sooner_when_configured_to() -> None:
     """The warm replica is predicted ~2.8x slower than a cold one: kept at 8x, moved at the default (2x)."""
-    from spillgate.policies.plugins import PrefixAffinityScorer
-
     snap = Snapshot((replica("warm", pending=6000, prefix=2048), replica("cold")))
-    patient = build_policy("cache_aware", PrefixAffinityScorer(max_slowdown=8.0))
+    patient = build_policy("cache_aware", {"affinity": {"max_slowdown": 8.0}})
     assert patient.decide(prompt(), snap).backend == "warm"
     assert build_policy("cache_aware").decide(prompt(), snap).backend == "cold"
-    assert build_policy("cache_aware", PrefixAffinityScorer(min_share=0.95)).decide(prompt(), snap).backend == "cold"
+    assert build_policy("cache_aware", {"affinity": {"min_share": 0.95}}).decide(prompt(), snap).backend == "cold"
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "param"),
+    [
+        ("least_load", {"affinity": {}}, "affinity"),
+        ("round_robin", {"colour": "red"}, "colour"),
+        ("cache_aware", {"colour": "red"}, "colour"),
+        ("cache_aware", {"affinity": {"slack": 3}}, "affinity.slack"),
+        ("cache_aware", {"affinity": {"max_slowdown": 0.5}}, "affinity.max_slowdown"),
+        ("cache_aware", {"affinity": {"min_share": "most"}}, "affinity.min_share"),
+    ],
+)
+def test_policies_refuse_settings_they_do_not_take(name: str, params: dict, param: str) -> None:
+    with pytest.raises(PolicyParamError) as info:
+        build_policy(name, params)
+    assert info.value.param == param
+    assert param.rsplit(".", 1)[-1] in str(info.value), "the message names the setting"
+
+
+def test_a_name_is_registered_once() -> None:
+    from spillgate.policies.builtin import least_load
+    from spillgate.policies.registry import register_policy
+
+    register_policy("least_load", least_load)  # the same factory again: nothing changes
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy("least_load", lambda params: least_load(params))
 
 
 def test_cache_aware_rotates_cold_prompts_over_idle_replicas_whose_overheads_differ_by_noise() -> None:

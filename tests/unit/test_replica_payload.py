@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spillgate.backends.engines import engine_named
 from spillgate.gateway.control.config import TenantConfig
-from spillgate.gateway.serving.proxy import prepare_replica_payload
+from spillgate.gateway.serving.replica import prepare_replica_payload
 from spillgate.gateway.tenancy.tenants import Tenant
 
 SGLANG_OWNED = engine_named("sglang").owned_fields

@@ -191,7 +191,7 @@ def load(backends: Iterable[Backend]) -> list[Panel]:
             "backend": backend.name,
             "kind": backend.kind,
             "healthy": backend.healthy,
-            "in_flight": backend.in_flight,
+            "in_flight": backend.own.in_flight,
         }
         if backend.kind == "replica":
             row |= {

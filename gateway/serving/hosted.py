@@ -1,36 +1,26 @@
 """Serving a request on a hosted model, relayed in OpenAI's format whatever the provider: through litellm, or
 straight for the streams of OpenAI-compatible providers (:mod:`backends.hosted.direct`).
 
-A failure before the client saw a byte becomes :class:`~gateway.serving.exchange.TryElsewhere`, so the gateway
-can fall back to another candidate (replicas or another provider); a failure mid-stream is reported
-in-band, as OpenAI does. Provider keys never reach the client: error messages come from
-``backends.hosted``, which scrubs them.
+One implementation of :class:`~gateway.serving.upstream.Upstream`. A failure before the client saw a byte becomes
+:class:`~gateway.serving.exchange.TryElsewhere`, so the gateway can fall back to another candidate (replicas or
+another provider); a failure mid-stream is reported in-band, as OpenAI does. Provider keys never reach the
+client: error messages come from ``backends.hosted``, which scrubs them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 
 from spillgate.backends.hosted import HostedCompletion, HostedError, HostedModel
-from spillgate.backends.registry import Backend
 from spillgate.gateway.errors import ApiError
-from spillgate.gateway.serving.exchange import (
-    JSON_HEADERS,
-    SSE_HEADERS,
-    Attempt,
-    Send,
-    TryElsewhere,
-    response_headers,
-    send_json,
-)
-from spillgate.gateway.serving.validation import ParsedRequest
+from spillgate.gateway.serving.exchange import JSON_HEADERS, TryElsewhere, response_headers, send_json
+from spillgate.gateway.serving.relay import send_event_error, start_stream
+from spillgate.gateway.serving.upstream import UpstreamCall
 
 log = logging.getLogger("spillgate.hosted")
-
-FirstToken = Callable[[Backend, Attempt], None]
 
 _STATUS = {
     "rate_limited": 429,
@@ -42,28 +32,28 @@ _STATUS = {
 }
 
 
-class HostedRelay:
-    def __init__(self, http: httpx.AsyncClient | None = None) -> None:
+class HostedUpstream:
+    """Every hosted model of the config, by backend name."""
+
+    follows_prefill = False
+
+    def __init__(self, models: Callable[[], Mapping[str, HostedModel]], http: httpx.AsyncClient | None = None) -> None:
+        self._models = models
+        """The running config's hosted models (a new version replaces them)."""
         self._http = http
         """For the streams of OpenAI-compatible providers, relayed without litellm; None: all through litellm."""
 
-    async def serve(
-        self,
-        model: HostedModel,
-        backend: Backend,
-        parsed: ParsedRequest,
-        attempt: Attempt,
-        send: Send,
-        first_token: FirstToken,
-    ) -> str:
+    async def serve(self, call: UpstreamCall) -> str:
         from spillgate.backends.hosted.client import complete  # imports litellm: loaded at start-up by build_state
 
+        attempt, ticket, send = call.attempt, call.ticket, call.send
+        name = ticket.backend.name
         try:
-            result = await complete(model, parsed.payload, http=self._http)
+            result = await complete(self._models()[name], call.parsed.payload, http=self._http)
         except HostedError as exc:
-            raise _try_elsewhere(exc, backend.name) from None
+            raise _try_elsewhere(exc, name) from None
         if isinstance(result, HostedCompletion):
-            first_token(backend, attempt)
+            attempt.first_token_at = ticket.first_token()
             attempt.usage = result.usage.to_openai() if result.usage else None
             attempt.cost_usd = result.cost_usd
             await send_json(send, 200, response_headers(attempt, JSON_HEADERS), result.body)
@@ -75,18 +65,15 @@ class HostedRelay:
             except StopAsyncIteration:
                 first = b""
             except HostedError as exc:
-                raise _try_elsewhere(exc, backend.name) from None
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)}
-            )
-            first_token(backend, attempt)
+                raise _try_elsewhere(exc, name) from None
+            await start_stream(attempt, send)
+            attempt.first_token_at = ticket.first_token()
             await send({"type": "http.response.body", "body": first, "more_body": True})
             try:
                 async for chunk in events:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except HostedError as exc:
-                message = _api_error(exc, backend.name).body()
-                await send({"type": "http.response.body", "body": b"data: " + message + b"\n\n", "more_body": False})
+                await send_event_error(send, _api_error(exc, name))
                 return "error"
             await send({"type": "http.response.body", "body": b""})
             attempt.usage = result.usage.to_openai() if result.usage else None

@@ -1,0 +1,89 @@
+"""The hot path: ``POST /v1/chat/completions`` and ``/v1/completions`` as plain ASGI handlers.
+
+A request's life, each step in its own module: the key, the body and a slot here; then admission (parse, route,
+decide, reserve: :mod:`gateway.serving.admission`), forwarding (ranked candidates, one dispatch ticket each:
+:mod:`gateway.serving.forwarding`) and relaying (whole or streamed: :mod:`gateway.serving.relay`), through the
+upstream that serves each kind of backend (:mod:`gateway.serving.replica`, :mod:`gateway.serving.hosted`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from spillgate.gateway.errors import ApiError
+from spillgate.gateway.serving.admission import Admission
+from spillgate.gateway.serving.exchange import (
+    JSON_HEADERS,
+    Attempt,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    request_id,
+    send_error,
+    send_json,
+)
+from spillgate.gateway.serving.forwarding import Forwarder
+from spillgate.gateway.serving.hosted import HostedUpstream
+from spillgate.gateway.serving.replica import ReplicaUpstream
+from spillgate.gateway.serving.slots import OVERLOADED, InFlightLimit, ReadingBudget
+from spillgate.gateway.serving.upstream import Upstream
+from spillgate.gateway.state import GatewayState
+
+
+def upstreams(state: GatewayState) -> dict[str, Upstream]:
+    """The upstream that serves each kind of backend: the one place a kind names an implementation."""
+    return {
+        "replica": ReplicaUpstream(state.upstream, state.registry, state.metrics),
+        "hosted": HostedUpstream(lambda: state.hosted_models, state.hosted_http),
+    }
+
+
+class CompletionsHandler:
+    """One OpenAI generation endpoint; ``upstream_path`` is where the same body goes on the backend."""
+
+    def __init__(
+        self,
+        state: GatewayState,
+        upstream_path: str,
+        slots: InFlightLimit,
+        reading: ReadingBudget,
+        serving: dict[str, Upstream] | None = None,
+    ) -> None:
+        self._state = state
+        self._slots = slots
+        self._reading = reading
+        self.admission = Admission(state, chat=upstream_path.endswith("chat/completions"))
+        self.forwarder = Forwarder(state, upstream_path, serving or upstreams(state))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        attempt = Attempt(request_id=request_id(scope), started=time.perf_counter())
+        if scope["method"] != "POST":
+            await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
+            return
+        state = self._state
+        try:
+            # The key first, then the whole body (within its deadline), and only then a slot.
+            tenant = state.tenants.authenticate(header(scope, b"authorization"))
+            body = await read_body(
+                scope, receive, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s, self._reading
+            )
+        except ApiError as error:
+            # The body is not read (or not all of it): the connection cannot carry another request.
+            error.headers["connection"] = "close"
+            await send_error(send, attempt, error)
+            return
+        if not self._slots.try_take():
+            state.metrics.overloaded.inc()
+            await send_json(send, 503, [*JSON_HEADERS, (b"retry-after", b"1")], OVERLOADED)
+            return
+        try:
+            try:
+                admitted = await self.admission.admit(tenant, body, attempt)
+            except ApiError as error:
+                await send_error(send, attempt, error)
+                return
+            await self.forwarder.forward(admitted, attempt, receive, send)
+        finally:
+            self._slots.give_back()

@@ -1,0 +1,139 @@
+"""Relaying a backend's answer to the client: whole or event by event, and its failures in OpenAI's shapes.
+
+A stream's status and headers leave with its first event, so a backend that fails or sends something else
+before it can still be replaced by another candidate; after that, a failure is reported in-band, the way OpenAI
+reports mid-stream errors. Nothing waits to fill a buffer. A failure before the first byte raises
+:class:`~gateway.serving.exchange.TryElsewhere`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from spillgate.backends.hosted.scrub import scrub
+from spillgate.backends.http1 import HttpError, Response
+from spillgate.backends.registry import Backend
+from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.serving.exchange import (
+    JSON_HEADERS,
+    SSE_HEADERS,
+    Attempt,
+    Send,
+    TryElsewhere,
+    response_headers,
+    send_json,
+)
+from spillgate.gateway.serving.sse import EventRelay, InvalidEvent, carries_text
+from spillgate.gateway.serving.upstream import UpstreamCall
+
+log = logging.getLogger("spillgate.proxy")
+
+Failure = HttpError | InvalidEvent | str
+OnFailure = Callable[[Failure], ApiError]
+"""Told how the backend failed (for its outlier detection and the log); returns what the client is told."""
+
+
+async def start_stream(attempt: Attempt, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)})
+
+
+async def send_event_error(send: Send, error: ApiError) -> None:
+    """End a stream whose headers are gone with an error event."""
+    await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": False})
+
+
+async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure) -> str:
+    """Read the whole answer, and relay it only if it is a completion: anything else is the backend's failure,
+    which another candidate may make good, since the client has seen nothing yet."""
+    try:
+        body = await response.read()
+    except HttpError as exc:
+        raise TryElsewhere(failed(exc), retryable=True) from None
+    completion = _completion_of(body)
+    if completion is None:
+        raise TryElsewhere(failed(f"a {response.status} body that is not a completion: {body[:40]!r}"), retryable=True)
+    attempt = call.attempt
+    attempt.first_token_at = call.ticket.first_token()
+    usage = completion.get("usage")
+    attempt.usage = usage if isinstance(usage, dict) else None
+    await send_json(call.send, response.status, response_headers(attempt, JSON_HEADERS), body)
+    return "ok"
+
+
+async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure) -> str:
+    """Relay event by event, each checked (:mod:`gateway.serving.sse`); the usage chunk is kept from a client
+    that did not ask for it."""
+    attempt, ticket, send = call.attempt, call.ticket, call.send
+    relay = EventRelay(strip_usage=not call.parsed.include_usage)
+    started = False
+    try:
+        async for data in response.iter_bytes():
+            events = relay.feed(data)
+            if not events:
+                continue
+            if not started:
+                await start_stream(attempt, send)
+                started = True
+            if not attempt.first_token_at:
+                attempt.first_token_at = ticket.first_token()
+            if ticket.wants_text and carries_text(events):
+                ticket.saw_text()
+            await send({"type": "http.response.body", "body": events, "more_body": True})
+        tail = relay.flush()
+        if not started and not relay.events and not tail.strip():
+            raise InvalidEvent("a stream without a single event")
+    except (HttpError, InvalidEvent) as exc:
+        error = failed(exc)
+        if not started:
+            raise TryElsewhere(error, retryable=True) from None
+        await send_event_error(send, error)
+        return "error"
+    if not started:
+        await start_stream(attempt, send)
+    await send({"type": "http.response.body", "body": tail})
+    attempt.usage = relay.usage
+    return "ok"
+
+
+async def relay_client_error(call: UpstreamCall, response: Response) -> str:
+    """A 4xx from the backend is about the request: pass it on, in OpenAI's shape."""
+    try:
+        body = await response.read()
+    except HttpError:
+        body = b""
+    body = as_openai_error(body, response.status, call.ticket.backend)
+    await send_json(call.send, response.status, response_headers(call.attempt, JSON_HEADERS), body)
+    return "client_error"
+
+
+def _completion_of(body: bytes) -> dict[str, Any] | None:
+    """The completion a backend answered, or None when the body is not one (not JSON, or no ``choices``)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
+        return None
+    return parsed
+
+
+def as_openai_error(body: bytes, status: int, backend: Backend) -> bytes:
+    """A replica's 4xx body in OpenAI's shape with the engine's message kept (SGLang writes it flat, vLLM as
+    OpenAI does), else a generic refusal. The message is scrubbed of the replica's key and anything shaped like a
+    credential (a server may echo what it was sent), and names no replica: the log does."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    found = backend.engine.error_message(parsed)
+    if found is not None:
+        message, param = found
+        message = scrub(message, (backend.api_key,) if backend.api_key else ())
+        log.info("backend %s refused a request (%s): %s", backend.name, status, message)
+        return error_body(status, message, param=param)
+    log.info("backend %s refused a request (%s) without a readable reason", backend.name, status)
+    return error_body(status, "The backend refused the request.", code="backend_refused")
