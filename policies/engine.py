@@ -51,6 +51,8 @@ class FixedReason:
 
 @dataclass(frozen=True)
 class Policy:
+    """A :class:`~policies.types.Decider` built from plug-ins; :mod:`policies.registry` names them for configs."""
+
     name: str
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]

@@ -1,45 +1,68 @@
-"""Policies by the name a route's config gives them."""
+"""Policies by the name a route's config gives them.
+
+A policy module registers each of its policies with one :func:`register_policy` line: a name and a factory
+that builds the policy from the route's settings for it. The config accepts exactly the registered names, so a
+new policy is one module and one line; the built-in ones live in :mod:`policies.builtin`.
+"""
 
 from __future__ import annotations
 
-from spillgate.policies.engine import FixedReason, Policy, WeightedScorer
-from spillgate.policies.plugins import (
-    BestScorePicker,
-    ConsistentHashPicker,
-    HealthyFilter,
-    LeastLoadScorer,
-    PowerOfTwoPicker,
-    PredictedTTFTScorer,
-    PrefixAffinityScorer,
-    PrefixHitScorer,
-    PrefixReason,
-    RotatingPicker,
-)
+from collections.abc import Callable, Mapping
+from typing import Any
 
-POLICY_NAMES = ("round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware")
+from spillgate.policies.engine import Policy
+
+PolicyParams = Mapping[str, Any]
+"""A route's settings for its policy by config field (``affinity``), only those the route sets, as plain data."""
+PolicyFactory = Callable[[PolicyParams], Policy]
+
+_FACTORIES: dict[str, PolicyFactory] = {}
 
 
-def build_policy(name: str, affinity: PrefixAffinityScorer | None = None) -> Policy:
-    """Assemble the named policy from plug-ins; raise ``KeyError`` for an unknown name.
+class PolicyParamError(ValueError):
+    """A route gives its policy a setting the policy does not take, or one it cannot use.
 
-    ``affinity``: ``cache_aware``'s affinity guard with other settings than its defaults (ignored by the
-    policies without one)."""
-    healthy = (HealthyFilter(),)
-    if name == "round_robin":
-        return Policy(name, healthy, (), RotatingPicker(), FixedReason(name))
-    if name == "least_load":
-        return Policy(name, healthy, (WeightedScorer(LeastLoadScorer(), 1.0),), BestScorePicker(), FixedReason(name))
-    if name == "power_of_two":
-        return Policy(name, healthy, (), PowerOfTwoPicker(), FixedReason(name))
-    if name == "consistent_hash":
-        return Policy(name, healthy, (), ConsistentHashPicker(), FixedReason(name), uses_prefix=True)
-    if name == "cache_aware":
-        # Affinity outweighs the others together (2.01): a guard inside it, not a trade-off, decides moves.
-        scorers = (
-            WeightedScorer(affinity or PrefixAffinityScorer(), 4.0),
-            WeightedScorer(PredictedTTFTScorer(), 1.0),
-            WeightedScorer(LeastLoadScorer(), 1.0),
-            WeightedScorer(PrefixHitScorer(), 0.01),
-        )
-        return Policy(name, healthy, scorers, BestScorePicker(), PrefixReason("least_ttft"), uses_prefix=True)
-    raise KeyError(name)
+    ``param`` is the setting's path under the route (``affinity``, ``affinity.slack``), so the config error
+    names the field as pydantic would."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+def register_policy(name: str, factory: PolicyFactory) -> PolicyFactory:
+    """Make ``name`` a policy routes may name; refuses a second, different factory under a taken name, so a
+    plug-in cannot silently replace a built-in policy."""
+    factories = _factories()  # the built-in ones first, so they keep their names and their place in listings
+    known = factories.get(name)
+    if known is not None and known is not factory:
+        raise ValueError(f"policy {name!r} is already registered")
+    factories[name] = factory
+    return factory
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every registered policy's name, in registration order (the built-in ones first)."""
+    return tuple(_factories())
+
+
+def build_policy(name: str, params: PolicyParams | None = None) -> Policy:
+    """The named policy built from ``params``; ``KeyError`` for an unknown name, :class:`PolicyParamError` for
+    settings its factory refuses."""
+    return _factories()[name](params or {})
+
+
+def takes_no_params(name: str, params: PolicyParams) -> None:
+    """Refuse every setting: for policies that have none."""
+    if params:
+        param = next(iter(params))
+        raise PolicyParamError(param, f"{name} takes no {param!r} setting")
+
+
+def _factories() -> dict[str, PolicyFactory]:
+    # Imported on first use rather than at the top: the built-in policies' module registers through this one
+    # (while it loads, this import finds it half-loaded and returns at once).
+    from spillgate.policies import builtin  # noqa: F401
+
+    return _FACTORIES

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from spillgate.policies.engine import Policy
 from spillgate.policies.prediction import predicted_ttft
 from spillgate.policies.types import (
     BackendState,
+    Decider,
     Decision,
     NoCandidate,
     OverCapacity,
@@ -92,10 +92,11 @@ LOW_PRIORITY, HIGH_PRIORITY = 0, 2
 
 @dataclass(frozen=True)
 class HybridPolicy:
-    """Replicas ranked by ``replicas``, hosted models by cost, and the SLO deciding between them."""
+    """Replicas ranked by ``replicas``, hosted models by cost, and the SLO deciding between them: a
+    :class:`~policies.types.Decider` wrapping another."""
 
     name: str
-    replicas: Policy
+    replicas: Decider
     on_slo_miss: OnSloMiss = "fastest"
     hysteresis: float = 0.8
 

@@ -1,9 +1,10 @@
-"""The values a routing decision is made from and the decision itself: plain, immutable data."""
+"""The values a routing decision is made from, the decision itself (plain, immutable data), and the one
+interface every policy offers the gateway (:class:`Decider`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 BackendKind = Literal["replica", "hosted"]
 
@@ -110,6 +111,21 @@ class Decision:
     """Every candidate in preference order, so a failed attempt can fall back to the next."""
     predicted_ttft_s: float = 0.0
     predicted_cost_usd: float = 0.0
+
+
+class Decider(Protocol):
+    """What the gateway asks of a route's policy, plain (:class:`~policies.engine.Policy`) or hybrid
+    (:class:`~policies.spill.HybridPolicy`): one decision per request, and whether to fingerprint prompts."""
+
+    @property
+    def uses_prefix(self) -> bool:
+        """Whether decisions read prefix-cache state, so the gateway fingerprints prompts only when needed."""
+        ...
+
+    def decide(self, request: RouteRequest, snapshot: Snapshot) -> Decision:
+        """The backend for ``request`` among ``snapshot``'s, with the rest ranked for fallback; raises
+        :class:`NoCandidate`, :class:`Unservable` or :class:`OverCapacity` when none may take it."""
+        ...
 
 
 class NoCandidate(Exception):

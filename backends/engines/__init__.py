@@ -1,21 +1,16 @@
-"""The engines a pool can name (``engine:``), each in its own module; see :class:`Engine`."""
+"""The engines a pool can name (``engine:``), each in its own module that registers it; see :class:`Engine`."""
 
 from __future__ import annotations
 
-from typing import Literal
+# Each built-in engine's module registers it when imported.
+from spillgate.backends.engines import openai, sglang, vllm  # noqa: F401
+from spillgate.backends.engines.base import (
+    Engine,
+    ReplicaInfo,
+    ReplicaLoad,
+    engine_named,
+    engine_names,
+    register_engine,
+)
 
-from spillgate.backends.engines.base import Engine, ReplicaInfo, ReplicaLoad
-from spillgate.backends.engines.openai import OpenAICompatible
-from spillgate.backends.engines.sglang import SGLang
-from spillgate.backends.engines.vllm import VLLM
-
-EngineName = Literal["sglang", "vllm", "openai"]
-ENGINES: dict[str, Engine] = {engine.name: engine for engine in (SGLang(), VLLM(), OpenAICompatible())}
-
-
-def engine_named(name: str) -> Engine:
-    """The engine a pool's ``engine:`` names."""
-    return ENGINES[name]
-
-
-__all__ = ["ENGINES", "Engine", "EngineName", "ReplicaInfo", "ReplicaLoad", "engine_named"]
+__all__ = ["Engine", "ReplicaInfo", "ReplicaLoad", "engine_named", "engine_names", "register_engine"]

@@ -1,9 +1,10 @@
 """What the gateway needs to know about an inference engine, whichever engine it is.
 
-A pool names its engine (``engine: sglang | vllm | openai``); everything engine-specific (which endpoint says
-the process is alive, where its limits and load are published and under which names, which request fields the
-gateway owns, the shape of its errors) lives in one module per engine behind :class:`Engine`. The registry and
-the proxy ask the engine; they never test which one it is.
+A pool names its engine (``engine: sglang | vllm | openai``, or any other that registered itself with
+:func:`register_engine`); everything engine-specific (which endpoint says the process is alive, where its limits
+and load are published and under which names, which request fields the gateway owns, the shape of its errors)
+lives in one module per engine behind :class:`Engine`. The registry and the proxy ask the engine; they never
+test which one it is.
 """
 
 from __future__ import annotations
@@ -93,6 +94,29 @@ class Engine(ABC):
     def error_message(self, body: object) -> tuple[str, str | None] | None:
         """The message (and the parameter it names) of an error body in this engine's shape, if it has one."""
         return openai_error_message(body)
+
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def register_engine(engine: Engine) -> Engine:
+    """Make ``engine`` nameable by a pool's ``engine:``; each engine's module calls this once. Refuses another
+    engine under a taken name, so a plug-in cannot silently replace a built-in one."""
+    known = _ENGINES.get(engine.name)
+    if known is not None and type(known) is not type(engine):
+        raise ValueError(f"engine {engine.name!r} is already registered")
+    _ENGINES[engine.name] = engine
+    return engine
+
+
+def engine_named(name: str) -> Engine:
+    """The engine registered as ``name``; ``KeyError`` when none is."""
+    return _ENGINES[name]
+
+
+def engine_names() -> tuple[str, ...]:
+    """Every registered engine's name, in registration order."""
+    return tuple(_ENGINES)
 
 
 def openai_error_message(body: object) -> tuple[str, str | None] | None:

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from spillgate.backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, model_context_window
+from spillgate.backends.engines.base import (
+    Engine,
+    Get,
+    ReplicaInfo,
+    ReplicaLoad,
+    model_context_window,
+    register_engine,
+)
 
 
 class OpenAICompatible(Engine):
@@ -21,3 +28,6 @@ class OpenAICompatible(Engine):
 
     async def describe(self, get: Get, served_model: str) -> ReplicaInfo:
         return ReplicaInfo(context_window=await model_context_window(get, served_model))
+
+
+register_engine(OpenAICompatible())

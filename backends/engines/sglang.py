@@ -23,6 +23,7 @@ from spillgate.backends.engines.base import (
     as_int,
     model_context_window,
     openai_error_message,
+    register_engine,
 )
 from spillgate.backends.engines.prometheus import read_figures
 
@@ -109,3 +110,6 @@ def effective_max_running(info: dict[str, Any]) -> int:
     if not isinstance(states, list):
         return 0
     return sum(as_int(s.get("effective_max_running_requests_per_dp")) for s in states if isinstance(s, dict))
+
+
+register_engine(SGLang())

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from spillgate.backends.engines.base import Engine, Get, ReplicaInfo, ReplicaLoad, as_int, model_context_window
+from spillgate.backends.engines.base import (
+    Engine,
+    Get,
+    ReplicaInfo,
+    ReplicaLoad,
+    as_int,
+    model_context_window,
+    register_engine,
+)
 from spillgate.backends.engines.prometheus import labels_of, read_figures
 
 _SUMMED = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "queued"}
@@ -62,3 +70,6 @@ class VLLM(Engine):
             version=str(version.json().get("version", "")) if version.status_code == 200 else "",
             missing=() if response.status_code == 200 else ("load and restart signals: /metrics is not served",),
         )
+
+
+register_engine(VLLM())

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
-from spillgate.backends.engines import EngineName
+from spillgate.backends.engines import engine_names
 from spillgate.gateway.control.egress import env_problems, url_problems
 from spillgate.gateway.control.plain_data import non_json_problems
 from spillgate.policies.engine import Policy, with_weights
-from spillgate.policies.plugins import PrefixAffinityScorer
-from spillgate.policies.registry import build_policy
+from spillgate.policies.registry import PolicyParamError, build_policy, policy_names
 
 DEMO_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
 
 RECOMMENDED_SGLANG_FLAGS = ("--enable-metrics", "--enable-cache-report")
 """What an SGLang replica needs for the gateway to get every signal it uses (README, Real engines)."""
-PolicyName = Literal["round_robin", "least_load", "power_of_two", "consistent_hash", "cache_aware"]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
 _DIGEST = re.compile(r"^sha256:[0-9a-fA-F]{64}$")
 _ENV = re.compile(r"^os\.environ/[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,6 +38,27 @@ def _check_key_spec(spec: str) -> str:
 
 KeySpec = Annotated[str, AfterValidator(_check_key_spec)]
 """An API key as ``sha256:<64 hex digits>``, ``os.environ/NAME``, or the literal key."""
+
+
+def _registered(names: Callable[[], tuple[str, ...]]) -> BeforeValidator:
+    """A name that must be in a registry, looked up when a config is read so that plug-ins registered after this
+    module loaded count; refused with the error a ``Literal`` of the names gives."""
+
+    def check(value: object) -> object:
+        known = names()
+        if not isinstance(value, str) or value not in known:
+            quoted = [repr(name) for name in known]
+            expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else "".join(quoted)
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+
+    return BeforeValidator(check)
+
+
+PolicyName = Annotated[str, _registered(policy_names)]
+"""A policy registered in :mod:`policies.registry`."""
+EngineName = Annotated[str, _registered(engine_names)]
+"""An engine registered in :mod:`backends.engines`."""
 
 
 class Strict(BaseModel):
@@ -163,7 +184,9 @@ class PoolConfig(Strict):
 
     name: Name
     served_model: str = Field(min_length=1, description="the model name the replicas expect in requests")
-    engine: EngineName = Field(default="sglang", description="sglang, vllm, or openai (any compatible server)")
+    engine: EngineName = Field(
+        default="sglang", description="sglang, vllm, openai (any compatible server), or another registered engine"
+    )
     replicas: list[Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+/?$")]] = Field(
         default_factory=list, description="each http(s)://host:port, no path, query or user"
     )
@@ -230,7 +253,8 @@ class SpillConfig(Strict):
 
 class AffinityConfig(Strict):
     """``cache_aware``'s affinity guard: when a request may leave the replicas holding its prefix. Unset fields
-    keep the policy's defaults (docs/routing.md, the affinity guard)."""
+    keep the policy's defaults (docs/routing.md, the affinity guard). The policy's factory checks them again
+    and refuses them for other policies; declared here for their field paths and descriptions."""
 
     min_share: float | None = Field(
         default=None, ge=0, le=1, description="a cached prefix under this share of the prompt binds nothing"
@@ -238,10 +262,6 @@ class AffinityConfig(Strict):
     max_slowdown: float | None = Field(
         default=None, ge=1, le=1000, description="move when the warm replicas are predicted this many times slower"
     )
-
-    def scorer(self) -> PrefixAffinityScorer:
-        settings = {"min_share": self.min_share, "max_slowdown": self.max_slowdown}
-        return PrefixAffinityScorer(**{name: value for name, value in settings.items() if value is not None})
 
 
 class ReferencePrice(Strict):
@@ -268,10 +288,15 @@ class RouteConfig(Strict):
     reference_price: ReferencePrice | None = None
     """The savings baseline when the route has no hosted target (with one, that model's price is)."""
 
+    def policy_params(self) -> dict[str, Any]:
+        """The route's settings for its policy, by field and only those set: what the policy's factory checks."""
+        return {} if self.affinity is None else {"affinity": self.affinity.model_dump(exclude_none=True)}
+
     def replica_policy(self) -> Policy:
-        """The policy that ranks this route's replicas, with the route's weights and affinity settings."""
-        affinity = self.affinity.scorer() if self.affinity is not None else None
-        return with_weights(build_policy(self.policy, affinity), self.weights)
+        """The policy that ranks this route's replicas, with the route's weights and settings; raises
+        :class:`~policies.registry.PolicyParamError` for settings the policy refuses, ``KeyError`` for weights
+        of scorers it lacks."""
+        return with_weights(build_policy(self.policy, self.policy_params()), self.weights)
 
 
 class SloConfig(Strict):
@@ -465,10 +490,10 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     for i, route in enumerate(config.routes):
         try:
             route.replica_policy()
+        except PolicyParamError as exc:
+            problems.append((f"routes.{i}.{exc.param}", exc.message))
         except KeyError as exc:
             problems.append((f"routes.{i}.weights", str(exc.args[0])))
-        if route.affinity is not None and route.policy != "cache_aware":
-            problems.append((f"routes.{i}.affinity", f"only cache_aware has an affinity guard, not {route.policy}"))
         for j, target in enumerate(route.targets):
             if target not in known:
                 problems.append((f"routes.{i}.targets.{j}", f"unknown target {target!r}; known: {sorted(known)}"))

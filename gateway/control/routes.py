@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 from spillgate.backends.hosted import HostedModel, Price
 from spillgate.gateway.control.config import GatewayConfig, RouteConfig, SpillConfig
-from spillgate.policies.engine import Policy
 from spillgate.policies.spill import HybridPolicy
-from spillgate.policies.types import Decision
+from spillgate.policies.types import Decider, Decision
 
 
 @dataclass
@@ -19,7 +18,7 @@ class Route:
 
     name: str
     targets: tuple[str, ...]
-    policy: Policy | HybridPolicy
+    policy: Decider
     spill: SpillConfig
     reference_price: Price | None = None
     """The cheapest hosted target's price: what savings are measured against."""
@@ -87,7 +86,7 @@ def _dedicated_targets(
     }
 
 
-def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Policy | HybridPolicy:
+def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Decider:
     replicas = route.replica_policy()
     if not any(target in hosted_names for target in route.targets):
         return replicas
