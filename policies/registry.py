@@ -2,7 +2,8 @@
 
 A policy module registers each of its policies with one :func:`register_policy` line: a name and a factory
 that builds the policy from the route's settings for it. The config accepts exactly the registered names, so a
-new policy is one module and one line; the built-in ones live in :mod:`policies.builtin`.
+new policy is one module and one line; the built-in ones live in :mod:`policies.builtin`, which the package
+loads first, so they keep their names and their place in listings.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class PolicyParamError(ValueError):
 def register_policy(name: str, factory: PolicyFactory) -> PolicyFactory:
     """Make ``name`` a policy routes may name; refuses a second, different factory under a taken name, so a
     plug-in cannot silently replace a built-in policy."""
-    factories = _factories()  # the built-in ones first, so they keep their names and their place in listings
+    factories = _FACTORIES
     known = factories.get(name)
     if known is not None and known is not factory:
         raise ValueError(f"policy {name!r} is already registered")
@@ -44,13 +45,13 @@ def register_policy(name: str, factory: PolicyFactory) -> PolicyFactory:
 
 def policy_names() -> tuple[str, ...]:
     """Every registered policy's name, in registration order (the built-in ones first)."""
-    return tuple(_factories())
+    return tuple(_FACTORIES)
 
 
 def build_policy(name: str, params: PolicyParams | None = None) -> Policy:
     """The named policy built from ``params``; ``KeyError`` for an unknown name, :class:`PolicyParamError` for
     settings its factory refuses."""
-    return _factories()[name](params or {})
+    return _FACTORIES[name](params or {})
 
 
 def takes_no_params(name: str, params: PolicyParams) -> None:
@@ -58,11 +59,3 @@ def takes_no_params(name: str, params: PolicyParams) -> None:
     if params:
         param = next(iter(params))
         raise PolicyParamError(param, f"{name} takes no {param!r} setting")
-
-
-def _factories() -> dict[str, PolicyFactory]:
-    # Imported on first use rather than at the top: the built-in policies' module registers through this one
-    # (while it loads, this import finds it half-loaded and returns at once).
-    from spillgate.policies import builtin  # noqa: F401
-
-    return _FACTORIES

@@ -6,12 +6,13 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from spillgate.policies.types import BackendKind
 
 if TYPE_CHECKING:
     from .limits import TenantLimits
 
-BackendKind = Literal["replica", "hosted"]
 
 KILLED = "gateway_killed"
 """The outcome of a request its gateway process was killed while serving: booked at its worst case by the

@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 import yaml
 
-from spillgate.gateway.control.catalog import build_catalog
+from spillgate.backends.registry import Backend
+from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
 from spillgate.gateway.control.config import ConfigError, GatewayConfig, parse_config
 from spillgate.gateway.control.config_history import (
     ConfigVersion,
@@ -37,8 +39,18 @@ from spillgate.gateway.control.secrets import MissingSecret
 from spillgate.gateway.tasks import stop_if_cancelled
 from spillgate.gateway.tenancy.tenants import resolve_key
 
-if TYPE_CHECKING:
-    from spillgate.gateway.state import GatewayState
+
+class ConfigTarget(Protocol):
+    """What a config version is applied to: the running gateway (:class:`gateway.state.GatewayState`)."""
+
+    config: GatewayConfig
+    endpoints: Endpoints
+    registry: Iterable[Backend]
+
+    def apply(self, catalog: Catalog) -> None:
+        """Serve ``catalog`` from now on; requests already admitted finish on the one they started with."""
+        ...
+
 
 log = logging.getLogger("spillgate.config")
 
@@ -60,7 +72,7 @@ _REDIS_POLL_S = 0.25
 class LiveConfig:
     """The running config's versions, and the one way to change them."""
 
-    def __init__(self, state: GatewayState, raw: dict[str, Any], *, path: Path | None) -> None:
+    def __init__(self, state: ConfigTarget, raw: dict[str, Any], *, path: Path | None) -> None:
         self._state = state
         self._path = path
         self._redis: aioredis.Redis | None = None

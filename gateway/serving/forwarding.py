@@ -15,10 +15,10 @@ import time
 from collections.abc import Mapping
 
 from spillgate.backends.registry import Backend
+from spillgate.gateway.accounting.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
 from spillgate.gateway.dispatch.retry_budget import jittered_backoff
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.serving.admission import Admitted
-from spillgate.gateway.serving.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
 from spillgate.gateway.serving.exchange import Attempt, DisconnectWatcher, Receive, Send, TryElsewhere, send_error
 from spillgate.gateway.serving.upstream import Upstream, UpstreamCall
 from spillgate.gateway.state import GatewayState
@@ -42,7 +42,9 @@ class Forwarder:
     async def forward(self, admitted: Admitted, attempt: Attempt, receive: Receive, send: Send) -> None:
         """Serve the request and close its books, whether it is answered, fails, or the client goes away."""
         state = self._state
-        entry_id = book_dispatch(state, admitted.parsed, attempt, admitted.candidates, admitted.reservation)
+        entry_id = book_dispatch(
+            state.accountant, state.registry, admitted.parsed, attempt, admitted.candidates, admitted.reservation
+        )
         watcher = DisconnectWatcher(receive)
         try:
             attempt.outcome = await self._try_candidates(admitted, attempt, send)

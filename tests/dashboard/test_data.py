@@ -192,7 +192,7 @@ def test_every_page_file_is_package_data() -> None:
     """A wheel carries only the listed patterns: a page file outside them would 404 once installed."""
     root = Path(__file__).resolve().parents[2]
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    static = root / "gateway" / "dashboard" / "static"
+    static = root / "gateway" / "observability" / "dashboard" / "static"
     for name in MEDIA_TYPES:
         assert (static / name).is_file(), name
         assert any(fnmatch(f"static/{name}", p) for p in patterns["spillgate.gateway.observability.dashboard"]), name

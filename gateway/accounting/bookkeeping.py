@@ -1,6 +1,6 @@
 """What a finished request leaves behind: its metrics, its price, and its ledger entry.
 
-Kept apart from the hot path in :mod:`gateway.serving.proxy`, which calls :func:`book_dispatch` before a request is
+Kept apart from the hot path in :mod:`gateway.serving.forwarding`, which calls :func:`book_dispatch` before a request is
 sent, and :func:`price_cut_off`, :func:`record_outcome` and then :func:`book_ledger` once it ends, whatever its
 outcome: the price the first two set is what the third books, so the spend metrics and the ledger agree.
 """
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from spillgate.backends.registry import BackendRegistry
 from spillgate.gateway.accounting import Accountant, LedgerEntry, Reservation
 from spillgate.gateway.accounting.rent import RentBook
 from spillgate.gateway.observability.metrics import ALL_TENANTS, GatewayMetrics
 from spillgate.gateway.serving.exchange import Attempt
 from spillgate.gateway.serving.validation import ParsedRequest
 from spillgate.policies.prediction import predicted_ttft
-
-if TYPE_CHECKING:
-    from spillgate.gateway.state import GatewayState
 
 
 def record_outcome(metrics: GatewayMetrics, attempt: Attempt, rent: RentBook, *, tenant_labels: bool) -> None:
@@ -59,7 +57,8 @@ def _judge_prediction(metrics: GatewayMetrics, attempt: Attempt) -> None:
 
 
 def book_dispatch(
-    state: GatewayState,
+    accountant: Accountant,
+    registry: BackendRegistry,
     parsed: ParsedRequest,
     attempt: Attempt,
     candidates: Sequence[str],
@@ -70,9 +69,9 @@ def book_dispatch(
     ``gateway_killed``. Returns the id its :func:`book_ledger` entry must carry to replace that."""
     if attempt.tenant is None or not candidates:
         return ""
-    backends = (state.registry[name] for name in candidates)
+    backends = (registry[name] for name in candidates)
     costliest = max(backends, key=lambda b: (b.usd_per_mtok_out, b.usd_per_mtok_in))
-    return state.accountant.dispatched(
+    return accountant.dispatched(
         reservation,
         attempt.request_id,
         attempt.tenant.name,
