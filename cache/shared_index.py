@@ -43,6 +43,7 @@ def _stop_if_cancelled(cause: BaseException | None = None) -> None:
     if task is not None and task.cancelling():
         raise asyncio.CancelledError from cause
 
+
 Operation = Literal["insert", "forget", "clear", "computing", "started", "gone"]
 _ANNOUNCEMENTS = frozenset({b"computing", b"started", b"gone"})
 """Entries worth sending only now: after an outage they are stale, and they must not crowd the index's out."""

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spillgate.backends.registry import Backend
+from spillgate.gateway.accounting.bookkeeping import slo_result
 from spillgate.gateway.capacity.advice import (
     BUCKETS_PER_WINDOW,
     PoolMeasures,
@@ -23,7 +24,6 @@ from spillgate.gateway.capacity.advice import (
 from spillgate.gateway.capacity.series import BucketSeries
 from spillgate.gateway.control.config import CapacityConfig, GatewayConfig, PoolConfig
 from spillgate.gateway.plan.inputs import HostedPrices
-from spillgate.gateway.serving.bookkeeping import slo_result
 from spillgate.gateway.serving.exchange import Attempt
 
 
