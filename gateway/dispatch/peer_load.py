@@ -12,7 +12,7 @@ the others' in the same round trip; their sums go onto each :class:`~backends.re
 snapshot adds them to the process's own. Nothing here is on the request path: a decision reads attributes.
 Each process also publishes a running total of the uncached tokens its requests have had prefilled per
 replica, so that the one measuring how fast a replica drains its queue counts the work the others put in
-between two of its own first tokens (:func:`gateway.serving.proxy._learn_prefill_rate`).
+between two of its own first tokens (:meth:`gateway.dispatch.ticket.DispatchTicket.first_token`).
 
 A process that stops publishing (killed, cut off) is ignored once its entry has not changed for
 ``stale_after_s`` of this process's clock (no clocks are compared across hosts), and its field is deleted
