@@ -15,6 +15,7 @@ import uvicorn
 from spillgate.gateway.app import GatewayApp
 from spillgate.gateway.control.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
 from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.control.plugins import PluginError, load_plugins
 from spillgate.gateway.control.secrets import MissingSecret
 from spillgate.gateway.serving.connections import guarded_protocol
 from spillgate.gateway.state import build_state
@@ -26,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="listen address (overrides listen.host)")
     parser.add_argument("--port", type=listen_port, default=None, help="listen port (overrides listen.port)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so the config may name the policies and engines it registers (repeatable)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -44,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health probe is noise
     path = args.config or DEMO_CONFIG_PATH
+    try:
+        load_plugins(args.plugin)
+    except PluginError as exc:
+        print(f"spillgate: {exc}", file=sys.stderr)
+        return 2
     try:
         raw = read_raw(path)
         config = parse_config(raw, source=str(path))

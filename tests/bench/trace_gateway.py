@@ -60,7 +60,7 @@ def install(path: str) -> None:
     from spillgate.policies import registry as policy_registry
 
     build = policy_registry.build_policy
-    policy_registry.build_policy = lambda name, affinity=None: TracedPolicy(build(name, affinity))
+    policy_registry.build_policy = lambda name, params=None: TracedPolicy(build(name, params))
     reweigh = policy_engine.with_weights
     # A route's ``weights`` apply to the policy inside the tracer.
     policy_engine.with_weights = lambda policy, weights: TracedPolicy(reweigh(policy._inner, weights))
