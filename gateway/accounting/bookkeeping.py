@@ -29,10 +29,7 @@ def record_outcome(metrics: GatewayMetrics, attempt: Attempt, rent: RentBook, *,
     if attempt.outcome != "ok":
         _count_spend(metrics, attempt, tenant, rent)  # what a request cut off costs still counts
         return
-    e2e = time.perf_counter() - attempt.started
-    metrics.e2e.labels(attempt.backend).observe(e2e)
-    if attempt.served_by is not None:
-        attempt.served_by.observe_service_time(e2e)
+    metrics.e2e.labels(attempt.backend).observe(time.perf_counter() - attempt.started)
     _count_prompt_tokens(metrics, attempt)
     _count_spend(metrics, attempt, tenant, rent)
     if attempt.first_token_at:

@@ -241,9 +241,11 @@ class DispatchTicket:
             self._dispatcher.prefilling.progressed(self.backend.name)
 
     def done(self, usage: Mapping[str, Any] | None, *, streamed: bool) -> float | None:
-        """The backend answered in full with ``usage``. A streamed answer also teaches the backend's recent TTFT
-        and TPOT (what hosted predictions use); returns its TPOT when it can be measured."""
+        """The backend answered in full with ``usage``: its time from the request's arrival feeds the backend's
+        recent service time. A streamed answer also teaches its recent TTFT and TPOT (what hosted predictions
+        use); returns its TPOT when it can be measured."""
         self.usage = usage
+        self.backend.observe_service_time(time.perf_counter() - self._started)
         if not streamed:
             return None
         tokens = (usage or {}).get("completion_tokens")
