@@ -137,7 +137,6 @@ def python_blocks(markdown: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.DOTALL | re.MULTILINE)
 
 
-@pytest.mark.xfail(reason="doc section pending", strict=False)
 @pytest.mark.parametrize("module", [toy_policy, toy_engine], ids=["policy", "engine"])
 def test_the_architecture_doc_quotes_each_toy_file(module: object) -> None:
     code = Path(module.__file__).read_text().strip()  # type: ignore[attr-defined]

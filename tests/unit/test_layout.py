@@ -104,6 +104,17 @@ def test_prefix_state_and_policies_import_nothing_from_the_gateway() -> None:
     assert upward == set()
 
 
+def test_the_simulator_is_kept_apart_from_the_code_that_talks_to_real_engines() -> None:
+    """Only the command line (``spillgate sim-replica``, ``sim-hosted``) reaches into the simulator."""
+    importers = {
+        name
+        for name, targets in import_graph().items()
+        if not name.startswith("spillgate.backends.sim")
+        and any(target.startswith("spillgate.backends.sim") for target in targets)
+    }
+    assert importers == {"spillgate.gateway.cli"}
+
+
 def assignments(path: Path) -> Iterator[tuple[str, str, int]]:
     """``(owner expression, attribute, line)`` of every assignment to an attribute in ``path``."""
     for node in ast.walk(ast.parse(path.read_text())):
