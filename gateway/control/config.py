@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,7 +18,8 @@ from spillgate.gateway.control.plain_data import non_json_problems
 from spillgate.policies.engine import Policy, with_weights
 from spillgate.policies.registry import PolicyParamError, build_policy, policy_names
 
-DEMO_CONFIG_PATH = Path(__file__).resolve().parents[2] / "config" / "demo.yaml"
+DEMO_CONFIG_PATH = Path(str(files("spillgate.config") / "demo.yaml"))
+"""The embedded demo: ``config/demo.yaml``, installed as package data."""
 
 RECOMMENDED_SGLANG_FLAGS = ("--enable-metrics", "--enable-cache-report")
 """What an SGLang replica needs for the gateway to get every signal it uses (README, Real engines)."""

@@ -161,6 +161,6 @@ def test_every_package_installs_under_spillgate_and_nothing_else_does() -> None:
     left out of a wheel, and nothing claims a generic top-level name (``gateway``, ``cache``...)."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
-    on_disk = {name for name, path in runtime_modules().items() if path.name == "__init__.py"}
+    on_disk = {name for name, path in runtime_modules().items() if path.name == "__init__.py"} | {"spillgate.config"}
     assert listed == on_disk
-    assert setuptools["package-dir"] == {f"spillgate.{package}": package for package in PACKAGES}
+    assert setuptools["package-dir"] == {f"spillgate.{folder}": folder for folder in (*PACKAGES, "config")}
