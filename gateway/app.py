@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.capacity.api import capacity_report, capacity_router, publish
 from spillgate.gateway.control.admin import admin_router
 from spillgate.gateway.errors import ApiError, error_body

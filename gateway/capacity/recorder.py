@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.accounting.bookkeeping import slo_result
 from spillgate.gateway.capacity.advice import (
     BUCKETS_PER_WINDOW,

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.capacity.recorder import CapacityRecorder
 
 log = logging.getLogger("spillgate.capacity")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.engines import Engine, engine_named
 from spillgate.backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
 from spillgate.backends.prefill_rate import PrefillRateEstimator
-from spillgate.backends.registry import Backend
 from spillgate.gateway.accounting.rent import PoolPrice
 from spillgate.gateway.control.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
 from spillgate.gateway.control.routes import Route, build_routes

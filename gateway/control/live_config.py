@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 import yaml
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
 from spillgate.gateway.control.config import ConfigError, GatewayConfig, parse_config
 from spillgate.gateway.control.config_history import (

@@ -34,7 +34,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.tasks import stop_if_cancelled
 
 log = logging.getLogger("spillgate.peer_load")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.dispatch.coalesce import Lead, PrefillsInFlight, hold_limit
 from spillgate.gateway.dispatch.prefix import Fingerprint, PrefixTracker
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.hosted import Price
-from spillgate.backends.registry import Backend
 from spillgate.gateway.dispatch.prefix import Fingerprint
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.serving.slots import READING_FULL_MESSAGE, ReadingBudget

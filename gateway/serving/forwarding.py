@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.accounting.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
 from spillgate.gateway.dispatch.retry_budget import jittered_backoff
 from spillgate.gateway.errors import ApiError

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.hosted.scrub import scrub
 from spillgate.backends.http1 import HttpError, Response
-from spillgate.backends.registry import Backend
 from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.serving.exchange import (
     JSON_HEADERS,

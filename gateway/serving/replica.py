@@ -12,8 +12,9 @@ from typing import Any
 
 import orjson
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.http1 import Http1Client, HttpError
-from spillgate.backends.registry import Backend, BackendRegistry
+from spillgate.backends.registry import BackendRegistry
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.observability.metrics import GatewayMetrics
 from spillgate.gateway.serving.exchange import TryElsewhere

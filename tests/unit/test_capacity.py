@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.engines import ReplicaLoad
-from spillgate.backends.registry import Backend
 from spillgate.gateway.capacity.advice import PoolAdvice, advise, peak_rate
 from spillgate.gateway.capacity.recorder import CapacityRecorder
 from spillgate.gateway.capacity.series import BucketSeries

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from spillgate.backends.backend import Backend
 from spillgate.backends.engines import engine_named
-from spillgate.backends.registry import Backend
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -8,7 +8,7 @@ import time
 
 import redis.asyncio as aioredis
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.dispatch.peer_load import PeerLoad
 
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from spillgate.backends.registry import Backend
+from spillgate.backends.backend import Backend
 from spillgate.gateway.accounting.rent import PoolRent
 from spillgate.gateway.observability.dashboard.quantile import histogram_quantile
 from spillgate.gateway.observability.dashboard.samples import Samples, keys, one
