@@ -63,7 +63,7 @@ def start_spillgate(
     timeout: float = 30.0,
     env: dict[str, str] | None = None,
 ) -> RunningProcess:
-    """Run ``python -m gateway.cli ARGS`` in its own process group and wait until ``ready_path`` answers 200."""
+    """Run ``spillgate ARGS`` in its own process group and wait until ``ready_path`` answers 200."""
     command = [sys.executable, "-m", "spillgate.gateway.cli", *args]
     return start_process(command, port=port, log_dir=log_dir, ready_path=ready_path, timeout=timeout, env=env)
 
