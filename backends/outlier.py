@@ -11,7 +11,7 @@ themselves (as Envoy's outlier detection and SGLang Model Gateway's per-worker c
 - ``half_open``: the period is over; the next request it gets is a trial. Success closes the breaker, a failure
   ejects it again at once (for longer); while the trial runs nothing else is sent there.
 
-The state lives on each :class:`~backends.registry.Backend`; the registry is its only writer, told by events
+The state lives on each :class:`~backends.backend.Backend`; the registry is its only writer, told by events
 (a request failed, succeeded, was dispatched, was abandoned). The transitions here take the time as an argument
 and touch nothing else, so they are tested without a clock or a network.
 """

@@ -2,7 +2,8 @@
 
 Replicas are probed off the request path, each through its engine (:mod:`backends.engines`): a liveness check
 every interval, its ``/metrics`` scraped alongside, its limits read when it registers and after a restart, and
-now and then a check that runs a generation. The gateway adds its own in-flight counts as requests come and go.
+now and then a check that runs a generation. The load the gateway's own requests put on each backend is not
+the registry's: dispatch tickets write it (:mod:`gateway.dispatch.ticket`).
 Policies never see this mutable state: they get an immutable :class:`~policies.types.Snapshot`.
 """
 

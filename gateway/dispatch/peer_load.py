@@ -7,9 +7,9 @@ probe interval, and as request counts, not queued prefill. Measured on ``compare
 predictions' median stayed right but their spread doubled, and the TTFT tail grew (docs/multi-process.md has
 the current figures).
 
-So every ``interval_s`` each process writes its counts into one Redis hash, a field per process, and reads
-the others' in the same round trip; their sums go onto each :class:`~backends.registry.Backend`, and every
-snapshot adds them to the process's own. Nothing here is on the request path: a decision reads attributes.
+So every ``interval_s`` each process writes its counts into one Redis hash, a field per process, and reads the
+others' in the same round trip; their sums go onto each :class:`~backends.backend.Backend` (its ``peers``), and
+every snapshot adds them to the process's own. Nothing here is on the request path: a decision reads attributes.
 Each process also publishes a running total of the uncached tokens its requests have had prefilled per
 replica, so that the one measuring how fast a replica drains its queue counts the work the others put in
 between two of its own first tokens (:meth:`gateway.dispatch.ticket.DispatchTicket.first_token`).

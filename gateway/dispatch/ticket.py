@@ -2,9 +2,9 @@
 
 The ticket is the only writer of this process's load on a backend (:class:`~backends.load.OwnLoad`): requests in
 flight, output tokens outstanding, uncached prompt tokens pending, the prefill batch under way, and what the
-replica's prefill rate learns at each first token. Serving code books one per attempt and then only tells it
-events (sent, first token, text, done); leaving its ``with`` block settles whatever was booked, however the
-attempt ended (an error, a fallback, a client that went away and cancelled the task).
+replica's prefill rate learns at each first token. Serving code books one per attempt and then only tells it events
+(its turn to be sent, the first token, text, the usage reported, done); leaving its ``with`` block settles whatever
+was booked, however the attempt ended (an error, a fallback, a client that went away and cancelled the task).
 
 Prompts whose prefill order the gateway follows (streams to a replica, :mod:`gateway.dispatch.coalesce`) also
 take a place in that order: a ticket may be held before it is sent, and its first token ends its prefill.
@@ -58,7 +58,6 @@ class Dispatcher:
         return DispatchTicket(
             self,
             backend,
-            prompt_tokens=prompt_tokens,
             output_tokens=output_tokens or ASSUMED_OUTPUT_TOKENS,
             fingerprint=fingerprint,
             matched_blocks=matched_blocks.get(backend.name, 0),
@@ -98,7 +97,6 @@ class DispatchTicket:
         "lead",
         "output_tokens",
         "prefill_ahead",
-        "prompt_tokens",
         "sent_at",
         "sent_to_busy",
         "uncached",
@@ -110,7 +108,6 @@ class DispatchTicket:
         dispatcher: Dispatcher,
         backend: Backend,
         *,
-        prompt_tokens: int,
         output_tokens: int,
         fingerprint: Fingerprint | None,
         matched_blocks: int,
@@ -121,7 +118,6 @@ class DispatchTicket:
     ) -> None:
         self._dispatcher = dispatcher
         self.backend = backend
-        self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         """Output tokens booked here until the attempt ends."""
         self._fingerprint = fingerprint
@@ -239,6 +235,11 @@ class DispatchTicket:
             self._streamed_text = True
         else:
             self._dispatcher.prefilling.progressed(self.backend.name)
+
+    def reported(self, usage: Mapping[str, Any] | None) -> None:
+        """The backend reported ``usage`` (its answer may still be on its way to the client): what settling
+        teaches the prefix index, even if the client leaves before the last bytes."""
+        self.usage = usage
 
     def done(self, usage: Mapping[str, Any] | None, *, streamed: bool) -> float | None:
         """The backend answered in full with ``usage``: its time from the request's arrival feeds the backend's

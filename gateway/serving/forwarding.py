@@ -23,7 +23,7 @@ from spillgate.gateway.serving.exchange import Attempt, DisconnectWatcher, Recei
 from spillgate.gateway.serving.upstream import Upstream, UpstreamCall
 from spillgate.gateway.state import GatewayState
 
-log = logging.getLogger("spillgate.proxy")
+log = logging.getLogger("spillgate.serving")
 
 _LONGEST_HOLD_S = 10.0
 """The longest a request is held at the gateway, for another's prefill or for room at its replica (or its

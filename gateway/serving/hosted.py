@@ -56,6 +56,7 @@ class HostedUpstream:
             attempt.first_token_at = ticket.first_token()
             attempt.usage = result.usage.to_openai() if result.usage else None
             attempt.cost_usd = result.cost_usd
+            ticket.reported(attempt.usage)
             await send_json(send, 200, response_headers(attempt, JSON_HEADERS), result.body)
             return "ok"
         try:

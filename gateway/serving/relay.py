@@ -30,11 +30,13 @@ from spillgate.gateway.serving.exchange import (
 from spillgate.gateway.serving.sse import EventRelay, InvalidEvent, carries_text
 from spillgate.gateway.serving.upstream import UpstreamCall
 
-log = logging.getLogger("spillgate.proxy")
+log = logging.getLogger("spillgate.serving")
 
 Failure = HttpError | InvalidEvent | str
 OnFailure = Callable[[Failure], ApiError]
 """Told how the backend failed (for its outlier detection and the log); returns what the client is told."""
+OnAnswer = Callable[[], None]
+"""Told the backend answered in full, before the last bytes go to the client (who may leave meanwhile)."""
 
 
 async def start_stream(attempt: Attempt, send: Send) -> None:
@@ -46,7 +48,7 @@ async def send_event_error(send: Send, error: ApiError) -> None:
     await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": False})
 
 
-async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure) -> str:
+async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure, answered: OnAnswer) -> str:
     """Read the whole answer, and relay it only if it is a completion: anything else is the backend's failure,
     which another candidate may make good, since the client has seen nothing yet."""
     try:
@@ -60,11 +62,13 @@ async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure)
     attempt.first_token_at = call.ticket.first_token()
     usage = completion.get("usage")
     attempt.usage = usage if isinstance(usage, dict) else None
+    call.ticket.reported(attempt.usage)
+    answered()
     await send_json(call.send, response.status, response_headers(attempt, JSON_HEADERS), body)
     return "ok"
 
 
-async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure) -> str:
+async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure, answered: OnAnswer) -> str:
     """Relay event by event, each checked (:mod:`gateway.serving.sse`); the usage chunk is kept from a client
     that did not ask for it."""
     attempt, ticket, send = call.attempt, call.ticket, call.send
@@ -94,6 +98,7 @@ async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure
         return "error"
     if not started:
         await start_stream(attempt, send)
+    answered()
     await send({"type": "http.response.body", "body": tail})
     attempt.usage = relay.usage
     return "ok"

@@ -22,7 +22,7 @@ from spillgate.gateway.serving.relay import Failure, relay_client_error, relay_s
 from spillgate.gateway.serving.upstream import UpstreamCall
 from spillgate.gateway.tenancy.tenants import Tenant
 
-log = logging.getLogger("spillgate.proxy")
+log = logging.getLogger("spillgate.serving")
 
 _UPSTREAM_STATUS = {"connect": 502, "protocol": 502, "timeout": 504}
 _FAILURES = {
@@ -89,11 +89,11 @@ class ReplicaUpstream:
             def failed(failure: Failure) -> ApiError:
                 return self._failed(backend, failure)
 
-            relay = relay_stream if parsed.stream else relay_whole
-            outcome = await relay(call, response, failed)
-            if outcome == "ok":
+            def answered() -> None:
                 self._registry.request_succeeded(backend)
-            return outcome
+
+            relay = relay_stream if parsed.stream else relay_whole
+            return await relay(call, response, failed, answered)
         finally:
             response.close()
 
