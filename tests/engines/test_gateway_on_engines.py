@@ -230,7 +230,9 @@ def test_replica_load_is_scraped_and_steers_new_requests(
     for thread in threads:
         thread.start()
     try:
-        deadline = time.monotonic() + 20
+        # Three long streams on a 2-core machine starve every process of CPU, the gateway's scrapes and this
+        # test's reads of /metrics included (single reads were seen to take 19 s): allow a minute.
+        deadline = time.monotonic() + 60
         while True:
             running = _gauge(gateway, "spillgate_backend_running_requests", "pool-0")
             if running >= 2:
