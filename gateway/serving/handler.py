@@ -49,13 +49,12 @@ class CompletionsHandler:
         upstream_path: str,
         slots: InFlightLimit,
         reading: ReadingBudget,
-        serving: dict[str, Upstream] | None = None,
     ) -> None:
         self._state = state
         self._slots = slots
         self._reading = reading
         self.admission = Admission(state, chat=upstream_path.endswith("chat/completions"))
-        self.forwarder = Forwarder(state, upstream_path, serving or upstreams(state))
+        self.forwarder = Forwarder(state, upstream_path, upstreams(state))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         attempt = Attempt(request_id=request_id(scope), started=time.perf_counter())
