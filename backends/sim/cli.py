@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
+import sys
 from collections.abc import Callable
 
 import uvicorn
@@ -62,6 +63,13 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--disable-overlap-schedule", action="store_true")
     parser.add_argument("--schedule-policy", default="fcfs", choices=["fcfs", "lpm", "random", "dfs-weight", "lof"])
+    parser.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='publish KV-cache events over ZMQ, as the engine does (SGLang: \'{"publisher": "zmq", "endpoint": '
+        '"tcp://*:5557", "topic": "kv"}\'; vLLM: \'{"enable_kv_cache_events": true, ...}\')',
+    )
     parser.set_defaults(handler=run_replica)
 
 
@@ -88,7 +96,8 @@ def add_hosted_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
-    return ReplicaConfig(
+    """The replica's config; ValueError naming the flag if ``--kv-events-config`` is not one the engine takes."""
+    config = ReplicaConfig(
         preset=args.preset,
         host=args.host,
         port=args.port,
@@ -106,7 +115,13 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         disable_overlap_schedule=args.disable_overlap_schedule,
         schedule_policy=args.schedule_policy,
         engine=args.engine,
+        kv_events_config=args.kv_events_config,
     )
+    try:
+        config.kv_events  # noqa: B018 - parsed now, so a bad flag stops the start
+    except ValueError as exc:
+        raise ValueError(f"--kv-events-config: {exc}") from None
+    return config
 
 
 def hosted_config_from_args(args: argparse.Namespace) -> HostedConfig:
@@ -163,7 +178,11 @@ def serve(app: FastAPI, host: str, port: int) -> int:
 
 
 def run_replica(args: argparse.Namespace) -> int:
-    config = replica_config_from_args(args)
+    try:
+        config = replica_config_from_args(args)
+    except ValueError as exc:
+        print(f"spillgate sim-replica: error: {exc}", file=sys.stderr)
+        return 2
     return serve(create_app(config), config.host, config.port)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from spillgate.backends.sim.kv_events import KvEventsConfig, parse_kv_events_config
 from spillgate.backends.sim.presets import Preset, get_preset
 from spillgate.backends.sim.scheduler import SchedulerLimits
 
@@ -41,6 +42,13 @@ class ReplicaConfig:
     schedule_policy: str = "fcfs"
     engine: str = "sglang"
     """Which server's face to show: ``sglang``, or ``vllm`` (backends/sim/vllm_face.py) over the same scheduler."""
+    kv_events_config: str | None = None
+    """``--kv-events-config``: the JSON the engine's flag takes; without it no KV events are published."""
+
+    @cached_property
+    def kv_events(self) -> KvEventsConfig | None:
+        """The parsed ``--kv-events-config`` (ValueError if the engine would refuse it)."""
+        return parse_kv_events_config(self.engine, self.kv_events_config)
 
     @cached_property
     def preset_spec(self) -> Preset:
@@ -146,6 +154,7 @@ class ReplicaConfig:
             "radix_eviction_policy": "lru",
             "enable_mixed_chunk": False,
             "disaggregation_mode": "null",
+            "kv_events_config": self.kv_events_config,
             "api_key": self.api_key,  # SGLang shows it to whoever holds it
             "weight_version": "default",
         }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.generation import TokenStream, plan_output, request_seed
+from spillgate.backends.sim.kv_events import NAMESPACE_SEPARATOR
 from spillgate.backends.sim.metrics import ReplicaMetrics
 from spillgate.backends.sim.request import SimRequest
 from spillgate.backends.sim.scheduler import Scheduler
@@ -24,10 +25,11 @@ DISCONNECT_POLL_S = 0.5
 
 
 def cache_namespace(extra_key: str | None, cache_salt: str | None) -> str | None:
-    """SGLang keys the radix tree by (extra_key, cache_salt); unset or empty means shared."""
+    """SGLang keys the radix tree by (extra_key, cache_salt); unset or empty means shared
+    (``kv_events.split_namespace`` takes it apart)."""
     if not extra_key and not cache_salt:
         return None
-    return f"{extra_key or ''}\x1f{cache_salt or ''}"
+    return f"{extra_key or ''}{NAMESPACE_SEPARATOR}{cache_salt or ''}"
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ async def server_info(replica: ReplicaDep) -> OrjsonResponse:
             "status": "ready",
             "max_total_num_tokens": config.max_total_num_tokens,
             "max_req_input_len": config.max_req_input_len,
-            "kv_events": None,
+            "kv_events": config.kv_events.server_info(config.page_size) if config.kv_events else None,
             "startup_time": {**startup_time, "tokenizer_e2e": 0.0},
             "internal_states": [internal_state],
             "version": SGLANG_VERSION,

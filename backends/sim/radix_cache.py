@@ -4,6 +4,9 @@ Edges hold token sequences (a whole 8k-token prompt is one node until something 
 it), children are keyed by their first page of tokens, and matches are rounded down to whole
 pages. Requests pin the nodes they use with a lock count; only unpinned leaves are evicted, least
 recently used first. Each cache salt gets its own subtree, so two salts never share a token.
+
+With a KV-event publisher (``--kv-events-config``) each node also keeps its pages' hash digests, and every node
+added, evicted or dropped is reported to the publisher; without one nothing is hashed.
 """
 
 from __future__ import annotations
@@ -11,14 +14,27 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 _COMPARE_BLOCK = 64
+
+
+class KvEventSink(Protocol):
+    """What the cache tells a KV-event publisher (``kv_events.KvEventPublisher``)."""
+
+    def stored(self, parent: bytes | None, tokens: list[int], namespace: str | None) -> list[bytes]:
+        """A new node's tokens under the page digest ``parent`` (None: the root); returns its page digests."""
+        ...
+
+    def removed(self, digests: list[bytes]) -> None: ...
+
+    def cleared(self) -> None: ...
 
 
 class TreeNode:
     """One edge of the tree: the tokens on it and bookkeeping for locks and LRU order."""
 
-    __slots__ = ("children", "key", "last_access", "lock_ref", "namespace", "parent")
+    __slots__ = ("children", "hashes", "key", "last_access", "lock_ref", "namespace", "parent")
 
     def __init__(self, key: list[int], parent: TreeNode | None, namespace: str | None) -> None:
         self.key = key
@@ -27,6 +43,8 @@ class TreeNode:
         self.children: dict[Hashable, TreeNode] = {}
         self.lock_ref = 0
         self.last_access = 0
+        self.hashes: list[bytes] | None = None
+        """One digest per page of ``key``, kept only for a KV-event publisher."""
 
     @property
     def is_root(self) -> bool:
@@ -62,14 +80,20 @@ def _common_prefix_len(key: list[int], tokens: Sequence[int], start: int) -> int
 class RadixCache:
     """Prefix cache with page granularity, lock counts and LRU eviction of unlocked leaves."""
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1, events: KvEventSink | None = None) -> None:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         self.page_size = page_size
-        self.reset()
+        self.events = events
+        self._clear()
 
     def reset(self) -> None:
         """Drop everything (SGLang's flush_cache); callers must hold no locks."""
+        self._clear()
+        if self.events is not None:
+            self.events.cleared()
+
+    def _clear(self) -> None:
         self._roots: dict[str | None, TreeNode] = {}
         self._leaves: set[TreeNode] = set()
         self._tick = 0
@@ -120,6 +144,9 @@ class RadixCache:
         upper = TreeNode(node.key[:at], node.parent, node.namespace)
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
+        if node.hashes is not None:
+            pages = at // self.page_size
+            upper.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
         node.parent.children[self._child_key(node.key, 0)] = upper
         node.key = node.key[at:]
         node.parent = upper
@@ -161,6 +188,9 @@ class RadixCache:
         matched, node = self._walk(root, tokens)
         if matched < len(tokens):
             leaf = TreeNode(tokens[matched:], node, namespace)
+            if self.events is not None:
+                parent = None if node.is_root else node.hashes[-1]  # type: ignore[index]
+                leaf.hashes = self.events.stored(parent, leaf.key, namespace)
             self._touch(leaf)
             node.children[self._child_key(leaf.key, 0)] = leaf
             self._leaves.discard(node)
@@ -208,6 +238,8 @@ class RadixCache:
         parent = leaf.parent
         assert parent is not None
         del parent.children[self._child_key(leaf.key, 0)]
+        if self.events is not None:
+            self.events.removed(leaf.hashes or [])
         self._leaves.discard(leaf)
         self._total -= len(leaf.key)
         if parent.is_root:
@@ -219,6 +251,10 @@ class RadixCache:
         return parent
 
     # introspection (tests, debugging) -------------------------------------------------------
+
+    def namespaces(self) -> list[str | None]:
+        """The namespaces that hold tokens."""
+        return [namespace for namespace, root in self._roots.items() if root.children]
 
     def cached_sequences(self, namespace: str | None = None) -> list[list[int]]:
         """Every root-to-leaf token sequence in ``namespace``."""

@@ -11,6 +11,7 @@ from spillgate.backends.sim.chat_template import ChatTemplate
 from spillgate.backends.sim.clock import VirtualClock
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.engine import Engine
+from spillgate.backends.sim.kv_events import KvEventPublisher
 from spillgate.backends.sim.metrics import ReplicaMetrics
 from spillgate.backends.sim.scheduler import Scheduler
 from spillgate.backends.sim.tokenizer import Tokenizer
@@ -26,7 +27,10 @@ class Replica:
         self.tokenizer = Tokenizer()
         self.chat_template = ChatTemplate(self.tokenizer)
         self.clock = VirtualClock(config.time_scale)
-        self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock)
+        kv_events = config.kv_events
+        self.kv_events = KvEventPublisher(kv_events, config.page_size) if kv_events and kv_events.publishes else None
+        """Opened and closed with the app (``server.create_app``); None without ``--kv-events-config``."""
+        self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock, self.kv_events)
         self.metrics: ReplicaMetrics | VllmMetrics
         if config.engine == "vllm":
             self.metrics = VllmMetrics(

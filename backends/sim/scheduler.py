@@ -20,12 +20,16 @@ import asyncio
 import contextlib
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spillgate.backends.sim import timing
 from spillgate.backends.sim.clock import VirtualClock
 from spillgate.backends.sim.presets import Preset
 from spillgate.backends.sim.radix_cache import RadixCache
 from spillgate.backends.sim.request import SimRequest
+
+if TYPE_CHECKING:
+    from spillgate.backends.sim.kv_events import KvEventPublisher
 
 CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -75,11 +79,19 @@ class _PrefillItem:
 class Scheduler:
     """Owns the waiting queue, the running batch, the radix cache and the KV token pool."""
 
-    def __init__(self, preset: Preset, limits: SchedulerLimits, clock: VirtualClock) -> None:
+    def __init__(
+        self,
+        preset: Preset,
+        limits: SchedulerLimits,
+        clock: VirtualClock,
+        kv_events: KvEventPublisher | None = None,
+    ) -> None:
         self.preset = preset
         self.limits = limits
         self.clock = clock
-        self.cache = RadixCache(page_size=limits.page_size)
+        self.kv_events = kv_events
+        """Told of every change to the cache; each pass's changes go out as one batch when the pass ends."""
+        self.cache = RadixCache(page_size=limits.page_size, events=kv_events)
         self._waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
         self._chunked: SimRequest | None = None
@@ -149,6 +161,7 @@ class Scheduler:
         if not self._idle.is_set():
             return False
         self.cache.reset()
+        self._publish_kv_events()
         self._last_hit_rate = 0.0
         self._decode_log.clear()
         return True
@@ -224,6 +237,7 @@ class Scheduler:
             self._update_idle()
             if planned is None:
                 if not self._has_work():
+                    self._publish_kv_events()
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     self._now = max(self._now, self.clock.now())
@@ -232,6 +246,7 @@ class Scheduler:
                 if not planned and not self._running:
                     # Nothing can run until a request arrives or is aborted.
                     planned = None
+                    self._publish_kv_events()  # what making room evicted
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
@@ -240,6 +255,12 @@ class Scheduler:
                 planned = await self._run_prefill(batch)
             elif self._running:
                 planned = await self._run_decode()
+            # What the pass stored (and what making room for it evicted), before its tokens reach any client.
+            self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.flush()
 
     def _plan_ahead(self, joins_running: bool) -> list[_PrefillItem] | None:
         """With the overlap scheduler, the next batch, formed now as the pass that starts now is launched."""

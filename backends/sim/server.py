@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from spillgate.backends.sim import native_routes, openai_routes, vllm_face
+from spillgate.backends.sim import debug_routes, native_routes, openai_routes, vllm_face
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.errors import install_error_handlers
 from spillgate.backends.sim.replica import Replica
@@ -25,20 +26,27 @@ def create_app(config: ReplicaConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if replica.kv_events is not None:
+            await replica.kv_events.start()
         replica.scheduler.start()
         try:
             yield
         finally:
             await replica.scheduler.stop()
+            if replica.kv_events is not None:
+                await replica.kv_events.close()
 
     app = FastAPI(title="spillgate SGLang simulator", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.replica = replica
     app.state.stop_generation = replica.scheduler.abort_all
     install_error_handlers(app)
+    app.include_router(debug_routes.router)
     if config.engine == "vllm":
         if config.api_key is not None:
             app.add_middleware(_ApiKey, api_key=config.api_key, guarded=vllm_face.GUARDED_PREFIXES)
         app.include_router(vllm_face.router)
+        if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):
+            app.include_router(vllm_face.dev_router)
         return app
     if config.api_key is not None:
         app.add_middleware(_ApiKey, api_key=config.api_key)

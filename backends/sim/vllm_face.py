@@ -68,8 +68,21 @@ async def version() -> OrjsonResponse:
 
 
 @router.get("/kv_event_sources")
-async def kv_event_sources() -> OrjsonResponse:
-    return OrjsonResponse({})
+async def kv_event_sources(replica: ReplicaDep) -> OrjsonResponse:
+    """``--kv-events-config`` as vLLM holds it, per data-parallel rank; ``{}`` without it."""
+    config = replica.config.kv_events
+    return OrjsonResponse(config.sources() if config is not None else {})
+
+
+dev_router = APIRouter()
+"""Served only with ``VLLM_SERVER_DEV_MODE=1``, as vLLM's development endpoints are."""
+
+
+@dev_router.post("/reset_prefix_cache")
+async def reset_prefix_cache(replica: ReplicaDep) -> Response:
+    """Empty the prefix cache (and publish ``AllBlocksCleared``) when no request holds blocks; 200 either way."""
+    await replica.scheduler.flush_cache()
+    return Response(status_code=200)
 
 
 @router.get("/metrics")

@@ -1,0 +1,32 @@
+"""The simulator's own introspection, on both faces (no real engine has these; no gateway reads them)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from spillgate.backends.sim.kv_events import split_namespace
+from spillgate.backends.sim.replica import ReplicaDep
+from spillgate.backends.sim.wire import OrjsonResponse
+
+router = APIRouter()
+
+
+@router.get("/sim/radix_cache")
+async def radix_cache(replica: ReplicaDep) -> OrjsonResponse:
+    """What the prefix cache holds: every root-to-leaf token sequence per namespace, and how many KV-event batches
+    were published, so a test can hold the events to the cache once it has received them all."""
+    cache = replica.scheduler.cache
+    namespaces = []
+    for namespace in cache.namespaces():
+        extra_key, cache_salt = split_namespace(namespace)
+        sequences = sorted(cache.cached_sequences(namespace))
+        namespaces.append({"extra_key": extra_key, "cache_salt": cache_salt, "sequences": sequences})
+    publisher = replica.kv_events
+    return OrjsonResponse(
+        {
+            "page_size": cache.page_size,
+            "total_tokens": cache.total_size,
+            "kv_events_next_seq": publisher.next_seq if publisher is not None else None,
+            "namespaces": namespaces,
+        }
+    )
