@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.sim.conftest import StartReplica
-from tests.support.procs import RunningProcess
+from tests.support.procs import RunningProcess, free_port
 from tests.support.shapes import differences, metric_families
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -59,20 +59,25 @@ def load(path: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sims(start_sim: StartReplica) -> dict[tuple[str, str], RunningProcess]:
-    """One simulator per captured engine and profile, with the flags the real server had (its KV events aside)."""
+    """One simulator per captured engine and profile, with the flags the real server had (its KV-event publisher
+    moved to a free port)."""
     started = {}
     for engine in ENGINES:
         for profile in PROFILES:
             flags = load(FIXTURES / engine / profile / "health.json")["flags"]
-            flags = [
-                f for i, f in enumerate(flags) if f != "--kv-events-config" and flags[i - 1] != "--kv-events-config"
-            ]
+            flags = [_on_a_free_port(f) if flags[i - 1] == "--kv-events-config" else f for i, f in enumerate(flags)]
             # The real servers were started with a 64k-token KV pool (tests/engines/servers.py) on the tiny model's
             # 16k context; the simulator is told the context, which then shows as set (context_length below).
             base = ["--bare", "--time-scale", "0.02", "--model-name", "tiny", "--context-length", str(CONTEXT)]
             base += ["--max-total-tokens", "65536", "--engine", engine]
             started[engine, profile] = start_sim("sim-replica", *base, *flags)
     return started
+
+
+def _on_a_free_port(kv_events_config: str) -> str:
+    config = json.loads(kv_events_config)
+    config["endpoint"] = config["endpoint"].rsplit(":", 1)[0] + f":{free_port()}"
+    return json.dumps(config)
 
 
 def replay(sim: RunningProcess, record: dict[str, Any]) -> httpx.Response:
@@ -108,8 +113,6 @@ def exchange_cases() -> list[Any]:
             for path in fixtures(engine, profile):
                 if path.stem.startswith(("metrics", "server_info", "get_server_info", "kv_events", "model_info")):
                     continue  # compared by the tests below, not field by field
-                if path.stem == "kv_event_sources" and profile == "recommended":
-                    continue  # the simulator publishes no KV events (backends/sim/CONTRACT.md)
                 cases.append(pytest.param(engine, profile, path, id=f"{engine}/{profile}/{path.stem}"))
     return cases
 
@@ -148,7 +151,7 @@ def test_server_info_has_what_the_gateway_reads_with_sglangs_types(
         assert sim[key] is None if real[key] is None else sim[key] is not None, key
     extra = [key for key in sim if key not in real and key != "simulator"]
     assert not extra, f"fields SGLang does not have: {extra}"
-    unlike = ("context_length", "kv_events")  # set for the simulator only; it publishes no KV events
+    unlike = ("context_length",)  # set for the simulator only
     found = [
         line
         for key in sim
