@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from spillgate.backends.engines import Engine, ReplicaInfo, ReplicaLoad, engine_named
+from spillgate.backends.engines import Engine, KvEventSource, ReplicaInfo, ReplicaLoad, engine_named
 from spillgate.backends.load import OwnLoad, PeersLoad
 from spillgate.backends.outlier import Breaker
 from spillgate.backends.prefill_rate import PrefillRateEstimator
@@ -74,6 +74,9 @@ class Backend:
     breaker: Breaker = field(default_factory=Breaker)
     """Passive outlier detection from real requests (:mod:`backends.outlier`): out while ejected, probes or not."""
     pool: str = ""
+    kv_events: KvEventSource | None = None
+    """Where its KV-cache events are published, when the config says (else the replica's own ``info`` does)."""
+    kv_events_enabled: bool = True
     """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
     own: OwnLoad = field(default_factory=OwnLoad)
     """This process's requests here: written only by the dispatch ticket (:mod:`gateway.dispatch.ticket`)."""

@@ -53,6 +53,14 @@ def prefix_seed(model: str, salt: str) -> int:
     return xxhash.xxh3_64_intdigest(f"{model}{_UNIT}{salt}".encode())
 
 
+def cache_seed(salt: str | None) -> int:
+    """The first link for prompts a replica caches under the cache salt ``salt`` (None: no salt).
+
+    Engines share cached prefixes between all requests with the same salt, whatever their route or tenant, so
+    the salt the replica receives is all that separates chains; it is also all a replica's KV events say."""
+    return prefix_seed("", salt or "")
+
+
 def block_hashes(
     text: str, seed: int, *, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS
 ) -> list[int]:

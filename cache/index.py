@@ -9,7 +9,7 @@ replica therefore holds a leading run of any chain, which lets a lookup bisect r
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -36,7 +36,7 @@ class PrefixIndex:
         blocks = max(1, blocks)
         entry = self._replicas.get(replica)
         if entry is None:
-            bit = _lowest_free_bit(self._names_by_bit)
+            bit = lowest_free_bit(self._names_by_bit)
             entry = self._replicas[replica] = _ReplicaBlocks(bit=bit, nominal=blocks, capacity=blocks)
             self._names_by_bit[bit] = replica
         entry.nominal = blocks
@@ -57,12 +57,7 @@ class PrefixIndex:
             entry.capacity = min(entry.nominal, entry.capacity + max(1, entry.nominal // 50))
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
-        """How many leading blocks of ``hashes`` each of ``replicas`` holds.
-
-        Each replica holds a leading run of any chain (see the module docstring), so the replicas holding
-        block i can only drop out as i grows. Each place where some drop out is found by bisection: a dozen
-        lookups for a long prompt rather than one per block.
-        """
+        """How many leading blocks of ``hashes`` each of ``replicas`` holds (:func:`leading_depths`)."""
         known = self._replicas
         depths: dict[str, int] = {}
         mask = 0
@@ -71,29 +66,7 @@ class PrefixIndex:
             if entry is not None:
                 depths[name] = 0
                 mask |= 1 << entry.bit
-        get = self._holders.get
-        depth, end = 0, len(hashes)
-        while mask and depth < end:
-            # The first block at or after ``depth`` that some replica in ``mask`` lacks; most often ``depth``.
-            lo, hi = depth, end
-            if get(hashes[lo], 0) & mask == mask:
-                lo += 1
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if get(hashes[mid], 0) & mask == mask:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-            if lo == end:
-                break
-            held = get(hashes[lo], 0) & mask
-            if lo:  # replicas lost at the first block keep their 0
-                self._record_depths(mask & ~held, lo, depths)
-            mask = held
-            depth = lo + 1
-        if mask:
-            self._record_depths(mask, end, depths)
-        return depths
+        return leading_depths(self._holders, hashes, mask, self._names_by_bit, depths)
 
     def insert(self, replica: str, hashes: Sequence[int]) -> None:
         """``replica`` was sent a request with these blocks: it will hold them once prefill runs."""
@@ -182,14 +155,53 @@ class PrefixIndex:
         else:
             self._holders.pop(block, None)
 
-    def _record_depths(self, lost: int, depth: int, depths: dict[str, int]) -> None:
-        while lost:
-            low = lost & -lost
-            depths[self._names_by_bit[low.bit_length() - 1]] = depth
-            lost ^= low
+
+def leading_depths(
+    holders: Mapping[int, int], hashes: Sequence[int], mask: int, names: Mapping[int, str], depths: dict[str, int]
+) -> dict[str, int]:
+    """Fill ``depths`` (each replica in ``mask``, at 0, in the caller's order) with how many leading blocks of
+    ``hashes`` each holds, given each block's holders as a bit mask and each bit's replica in ``names``.
+
+    Each replica holds a leading run of any chain, so the replicas holding block i can only drop out as i grows.
+    Each place where some drop out is found by bisection: a dozen lookups for a long prompt rather than one per
+    block.
+    """
+    get = holders.get
+    depth, end = 0, len(hashes)
+    while mask and depth < end:
+        # The first block at or after ``depth`` that some replica in ``mask`` lacks; most often ``depth``.
+        lo, hi = depth, end
+        if get(hashes[lo], 0) & mask == mask:
+            lo += 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if get(hashes[mid], 0) & mask == mask:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        if lo == end:
+            break
+        held = get(hashes[lo], 0) & mask
+        if lo:  # replicas lost at the first block keep their 0
+            for name in _names_in(mask & ~held, names):
+                depths[name] = lo
+        mask = held
+        depth = lo + 1
+    for name in _names_in(mask, names):
+        depths[name] = end
+    return depths
 
 
-def _lowest_free_bit(taken: dict[int, str]) -> int:
+def _names_in(mask: int, names: Mapping[int, str]) -> list[str]:
+    found = []
+    while mask:
+        low = mask & -mask
+        found.append(names[low.bit_length() - 1])
+        mask ^= low
+    return found
+
+
+def lowest_free_bit(taken: Mapping[int, str]) -> int:
     bit = 0
     while bit in taken:
         bit += 1

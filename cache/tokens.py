@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import xxhash
@@ -30,8 +30,42 @@ class Encoder(Protocol):
     def encode(self, sequence: str, add_special_tokens: bool = ...) -> Any: ...
 
 
+class PromptIds(Protocol):
+    """A prompt's token ids, as fingerprints are cut from: this module's record-by-record ids, or the engine's own
+    (:class:`~cache.template.TemplateTokenizer`, a simulator's), which KV-cache events can be matched against."""
+
+    @property
+    def exact(self) -> bool:
+        """Whether these are the ids the engine caches."""
+        ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> array[int]: ...
+
+    def completion(self, prompt: object) -> array[int]: ...
+
+
+_NAMED: dict[str, Callable[[], PromptIds]] = {}
+
+
+def register_prompt_ids(name: str, factory: Callable[[], PromptIds]) -> None:
+    """Make ``prefix.tokenizer: <name>`` mean ``factory()``: for engines whose tokenizer is not a Hugging Face
+    file (the simulator's), registered by a plug-in."""
+    _NAMED[name] = factory
+
+
+def named_prompt_ids(name: str) -> PromptIds | None:
+    factory = _NAMED.get(name)
+    return None if factory is None else factory()
+
+
 class PromptTokenizer:
     """A prompt's token ids, record by record, with the ids of records seen before kept up to ``cache_tokens``."""
+
+    exact = False
+    """Records are tokenized without the chat template: stable ids for fingerprints, not the engine's."""
 
     def __init__(self, encoder: Encoder, *, cache_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self._encoder = encoder

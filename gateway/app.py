@@ -18,6 +18,7 @@ from starlette.routing import Match
 from spillgate.backends.backend import Backend
 from spillgate.gateway.capacity.api import capacity_report, capacity_router, publish
 from spillgate.gateway.control.admin import admin_router
+from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
 from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.openapi import install_openapi
@@ -129,7 +130,7 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 "ttft_ms": round(b.ttft_s * 1000, 1),
                 "tpot_ms": round(b.tpot_s * 1000, 2),
                 "last_error": b.last_error or None,
-                **_replica_health(b),
+                **_replica_health(b, state.kv_feeds),
             }
             for b in state.registry
         }
@@ -210,8 +211,9 @@ def build_control_app(state: GatewayState) -> FastAPI:
     return app
 
 
-def _replica_health(backend: Backend) -> dict[str, object]:
-    """A replica's engine, what it told the gateway about itself, and the features it lacks (with their flags)."""
+def _replica_health(backend: Backend, feeds: KvEventFeeds) -> dict[str, object]:
+    """A replica's engine, what it told the gateway about itself, the features it lacks (with their flags), and
+    where its prefix predictions come from (its KV-cache events, or the gateway's belief)."""
     if backend.kind != "replica":
         return {}
     info = backend.info
@@ -220,6 +222,7 @@ def _replica_health(backend: Backend) -> dict[str, object]:
         "capabilities": info.capabilities() if info is not None else None,
         "degraded": list(info.missing) if info is not None else [],
         "outlier": _outlier_health(backend, time.monotonic()),
+        "prefix": feeds.status(backend),
     }
 
 

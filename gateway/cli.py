@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     from spillgate.backends.sim import cli as sim_cli
+    from spillgate.backends.sim import prompt_encoder  # noqa: F401  (prefix.tokenizer: simulated)
     from spillgate.gateway import plan, serve
     from spillgate.gateway.bench import cli as bench_cli
 

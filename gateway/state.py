@@ -19,7 +19,8 @@ from spillgate.backends.http1 import Http1Client
 from spillgate.backends.outlier import OutlierRules
 from spillgate.backends.registry import BackendRegistry
 from spillgate.cache.shared_index import SharedPrefixIndex
-from spillgate.cache.tokens import PromptTokenizer
+from spillgate.cache.template import NoChatTemplate, TemplateTokenizer
+from spillgate.cache.tokens import PromptIds, PromptTokenizer, named_prompt_ids
 from spillgate.gateway.accounting import Accountant, make_client
 from spillgate.gateway.accounting.rent import RentBook
 from spillgate.gateway.capacity.recorder import CapacityRecorder
@@ -30,6 +31,7 @@ from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.routes import Route
 from spillgate.gateway.control.secrets import resolve_secret
 from spillgate.gateway.dispatch.coalesce import PrefillsInFlight
+from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
 from spillgate.gateway.dispatch.peer_load import PeerLoad
 from spillgate.gateway.dispatch.prefix import PrefixTracker
 from spillgate.gateway.dispatch.retry_budget import RetryBudget
@@ -76,9 +78,12 @@ class GatewayState:
     _capacity_sampling: asyncio.Task[None] | None = field(default=None, init=False)
     dispatcher: Dispatcher = field(init=False)
     """Books each attempt on its backend (:mod:`gateway.dispatch.ticket`): the only writer of this process's load."""
+    kv_feeds: KvEventFeeds = field(init=False)
+    """The replicas' KV-cache event subscriptions, feeding ``prefix``."""
 
     def __post_init__(self) -> None:
         self.dispatcher = Dispatcher(self.prefilling, self.prefix)
+        self.kv_feeds = KvEventFeeds(self.prefix)
 
     @property
     def spend(self) -> LedgerSpend:
@@ -150,6 +155,7 @@ class GatewayState:
         if self.live is not None:
             await self.live.start(client)
         await self.registry.start()
+        await self.kv_feeds.start(self.registry)
         self._capacity_sampling = asyncio.create_task(
             sample_forever(self.capacity, self.registry, lambda: self.config.health.interval_s)
         )
@@ -162,6 +168,7 @@ class GatewayState:
         if self.live is not None:
             await self.live.stop()
         await self.registry.stop()
+        await self.kv_feeds.stop()
         await self.accountant.stop()
         if self._accounting_redis is not None:
             await self._accounting_redis.aclose()
@@ -209,8 +216,17 @@ def build_state(
     return state
 
 
-def load_tokenizer(path: str) -> PromptTokenizer:
-    """The ``prefix.tokenizer`` file as a :class:`PromptTokenizer`, or a :class:`ConfigError` saying why not."""
+def load_tokenizer(path: str) -> PromptIds:
+    """``prefix.tokenizer``: a registered name (``simulated``), a model directory (the engine's exact ids, through
+    its chat template), or a tokenizer.json alone (ids of the prompt's records); a :class:`ConfigError` if none."""
+    named = named_prompt_ids(path)
+    if named is not None:
+        return named
+    if Path(path).is_dir():
+        try:
+            return TemplateTokenizer.from_directory(path)
+        except (NoChatTemplate, OSError, ValueError) as exc:
+            raise ConfigError(f"prefix.tokenizer: {exc}") from None
     try:
         return PromptTokenizer(Tokenizer.from_file(path))
     except Exception as exc:  # tokenizers raises its own Exception subclasses for a missing or malformed file

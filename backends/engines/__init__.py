@@ -6,6 +6,7 @@ from __future__ import annotations
 from spillgate.backends.engines import openai, sglang, vllm  # noqa: F401
 from spillgate.backends.engines.base import (
     Engine,
+    KvEventSource,
     ReplicaInfo,
     ReplicaLoad,
     engine_named,
@@ -13,4 +14,4 @@ from spillgate.backends.engines.base import (
     register_engine,
 )
 
-__all__ = ["Engine", "ReplicaInfo", "ReplicaLoad", "engine_named", "engine_names", "register_engine"]
+__all__ = ["Engine", "KvEventSource", "ReplicaInfo", "ReplicaLoad", "engine_named", "engine_names", "register_engine"]

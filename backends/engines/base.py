@@ -33,6 +33,34 @@ class ReplicaLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """Where a replica publishes its KV-cache events. A host of ``*`` (or ``0.0.0.0``, ``::``, empty) means the
+    replica binds on every interface: the gateway reaches it at the replica's own host."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+    def at_host(self, host: str) -> KvEventSource:
+        return KvEventSource(
+            endpoint=_with_host(self.endpoint, host),
+            replay_endpoint=None if self.replay_endpoint is None else _with_host(self.replay_endpoint, host),
+            topic=self.topic,
+        )
+
+
+_ANY_HOST = ("*", "0.0.0.0", "::", "[::]", "")
+
+
+def _with_host(endpoint: str, host: str) -> str:
+    scheme, _, rest = endpoint.partition("://")
+    address, _, port = rest.rpartition(":")
+    if scheme == "tcp" and address in _ANY_HOST:
+        return f"tcp://{host}:{port}"
+    return endpoint
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaInfo:
     """What a replica says about itself when it registers (again after a restart); 0 or None when it does not."""
 
@@ -51,6 +79,8 @@ class ReplicaInfo:
     cache_report: bool | None = None
     """It reports ``usage.prompt_tokens_details.cached_tokens``; None until a response shows whether it does."""
     version: str = ""
+    kv_events: KvEventSource | None = None
+    """Where it publishes KV-cache events, as it reports (SGLang's ``/server_info``, vLLM's ``/kv_event_sources``)."""
     missing: tuple[str, ...] = ()
     """Features the gateway uses that this replica has switched off, each naming the flag that switches it on."""
 
@@ -65,6 +95,7 @@ class ReplicaInfo:
             "max_total_tokens": self.max_total_tokens or None,
             "chunked_prefill_size": self.prefill_batch_tokens or None,
             "context_window": self.context_window or None,
+            "kv_events": None if self.kv_events is None else self.kv_events.endpoint,
         }
 
 

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from spillgate.backends.engines.base import (
     Engine,
     Get,
+    KvEventSource,
     ReplicaInfo,
     ReplicaLoad,
     as_int,
@@ -87,6 +88,7 @@ class SGLang(Engine):
             metrics=metrics,
             cache_report=cache_report,
             version=str(info.get("version") or ""),
+            kv_events=_kv_events(info.get("kv_events")),
             missing=tuple(missing),
         )
 
@@ -113,3 +115,21 @@ def effective_max_running(info: dict[str, Any]) -> int:
 
 
 register_engine(SGLang())
+
+
+def _kv_events(block: object) -> KvEventSource | None:
+    """``/server_info``'s ``kv_events``: the publisher's host and port (rank 0's; rank r publishes on port + r)."""
+    if not isinstance(block, dict) or block.get("publisher", "zmq") != "zmq":
+        return None
+    host, port = block.get("endpoint_host"), block.get("endpoint_port_base")
+    if not isinstance(port, int) or port <= 0:
+        return None
+    host = host if isinstance(host, str) else ""
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    replay = block.get("replay_endpoint_port_base")
+    topic = block.get("topic")
+    return KvEventSource(
+        endpoint=f"tcp://{host}:{port}",
+        replay_endpoint=f"tcp://{host}:{replay}" if isinstance(replay, int) and replay > 0 else None,
+        topic=topic if isinstance(topic, str) else "",
+    )

@@ -18,6 +18,7 @@ from typing import ClassVar
 from spillgate.backends.engines.base import (
     Engine,
     Get,
+    KvEventSource,
     ReplicaInfo,
     ReplicaLoad,
     as_int,
@@ -63,13 +64,31 @@ class VLLM(Engine):
             cache = labels_of(response.text, "vllm:cache_config_info")
             capacity = as_int(cache.get("num_gpu_blocks")) * as_int(cache.get("block_size"))
         version = await get("/version")
+        sources = await get("/kv_event_sources")
         return ReplicaInfo(
             max_total_tokens=capacity,
             context_window=context,
             metrics=response.status_code == 200,
             version=str(version.json().get("version", "")) if version.status_code == 200 else "",
+            kv_events=_kv_events(sources.json()) if sources.status_code == 200 else None,
             missing=() if response.status_code == 200 else ("load and restart signals: /metrics is not served",),
         )
 
 
 register_engine(VLLM())
+
+
+def _kv_events(body: object) -> KvEventSource | None:
+    """``/kv_event_sources``: ``{rank: its --kv-events-config}``; rank 0's publisher. Only a publisher that binds
+    (``tcp://*:PORT``) can be reached: one given an explicit host connects out to a subscriber there instead."""
+    config = body.get("0") if isinstance(body, dict) else None
+    if not isinstance(config, dict) or not config.get("enable_kv_cache_events") or config.get("publisher") != "zmq":
+        return None
+    endpoint, replay, topic = config.get("endpoint"), config.get("replay_endpoint"), config.get("topic")
+    if not isinstance(endpoint, str) or not endpoint.startswith("tcp://*:"):
+        return None
+    return KvEventSource(
+        endpoint=endpoint,
+        replay_endpoint=replay if isinstance(replay, str) and replay else None,
+        topic=topic if isinstance(topic, str) else "",
+    )

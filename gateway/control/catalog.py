@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from spillgate.backends.backend import Backend
-from spillgate.backends.engines import Engine, engine_named
+from spillgate.backends.engines import Engine, KvEventSource, engine_named
 from spillgate.backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
 from spillgate.backends.prefill_rate import PrefillRateEstimator
 from spillgate.gateway.accounting.rent import PoolPrice
-from spillgate.gateway.control.config import ConfigError, GatewayConfig, HostedModelConfig, PoolConfig
+from spillgate.gateway.control.config import (
+    ConfigError,
+    GatewayConfig,
+    HostedModelConfig,
+    KvEventsConfig,
+    PoolConfig,
+)
 from spillgate.gateway.control.routes import Route, build_routes
 from spillgate.gateway.control.secrets import resolve_secret
 from spillgate.gateway.tenancy.tenants import TenantDirectory
@@ -86,6 +93,8 @@ def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Bac
         if backend.info is None or not backend.info.context_window:
             backend.context_window = pool.context_window
         backend.pool = pool.name
+        backend.kv_events_enabled = pool.kv_events.enabled
+        backend.kv_events = _kv_event_source(pool.kv_events, backend.base_url)
         backend.usd_per_mtok_in, backend.usd_per_mtok_out = usd_per_mtok_in, usd_per_mtok_out
         backends.append(backend)
     # Replicas of a pool are the same model on the same GPUs: one shared estimate of their prefill rate
@@ -95,6 +104,19 @@ def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Bac
     for backend in backends:
         backend.prefill = shared_rate
     return backends
+
+
+def _kv_event_source(config: KvEventsConfig, base_url: str) -> KvEventSource | None:
+    if config.endpoint is None:
+        return None
+    host = urlsplit(base_url).hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    replay = config.replay_endpoint
+    return KvEventSource(
+        endpoint=config.endpoint.replace("{host}", host),
+        replay_endpoint=None if replay is None else replay.replace("{host}", host),
+        topic=config.topic,
+    )
 
 
 def _hosted_backend(hosted: HostedModelConfig, model: HostedModel, existing: Mapping[str, Backend]) -> Backend:

@@ -181,6 +181,22 @@ class SimulatedReplicas(Strict):
     )
 
 
+class KvEventsConfig(Strict):
+    """Where a pool's replicas publish KV-cache events (their ``--kv-events-config``), for exact prefix routing.
+
+    By default the gateway subscribes wherever a replica says it publishes (SGLang's ``/server_info``, vLLM's
+    ``/kv_event_sources``); ``endpoint`` sets it instead, ``{host}`` standing for each replica's host."""
+
+    enabled: bool = True
+    endpoint: str | None = Field(
+        default=None, pattern=r"^tcp://", description="e.g. tcp://{host}:5557; default: what the replica reports"
+    )
+    replay_endpoint: str | None = Field(
+        default=None, pattern=r"^tcp://", description="the engine's replay socket, e.g. tcp://{host}:5558"
+    )
+    topic: str = Field(default="", description="the publisher's topic (a prefix; empty takes every topic)")
+
+
 class PoolConfig(Strict):
     """A set of interchangeable replicas of one engine serving one model."""
 
@@ -209,6 +225,7 @@ class PoolConfig(Strict):
     output_tokens_per_s: float = Field(
         default=1000.0, gt=0, description="one replica's output tokens/s at full batch within the SLO (a load test)"
     )
+    kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
@@ -414,8 +431,9 @@ class PrefixConfig(Strict):
     max_blocks: int = Field(default=512, ge=1, le=16384)
     tokenizer: str | None = Field(
         default=None,
-        description="a Hugging Face tokenizer.json (the served model's): blocks of block_tokens tokens instead of "
-        "block_chars characters",
+        description="the served model's directory (tokenizer.json and its chat template: the engine's exact token "
+        "ids, which KV-cache events are matched against), a tokenizer.json alone, or a registered name such as "
+        "'simulated'; blocks of block_tokens tokens instead of block_chars characters",
     )
     block_tokens: int = Field(default=64, ge=1, le=16384)
 

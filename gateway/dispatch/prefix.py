@@ -1,9 +1,14 @@
 """Prefix-cache awareness for the gateway: fingerprint a request, ask the index, keep the index honest.
 
-The index is told about a request when it is dispatched (the replica will hold its prompt once prefill
-runs) and corrected by what the replica reports afterwards: fewer ``cached_tokens`` than predicted means
-the replica keeps less than we believed, so its believed capacity shrinks and the oldest entries go; a
-failed request's new entries are withdrawn; a restarted replica starts empty.
+Two sources say what a replica holds. Where the replica publishes KV-cache events and the gateway knows the
+engine's token ids (``prefix.tokenizer`` names the model, or ``simulated``), its own events do
+(:class:`~cache.engine_index.EngineBlockIndex`), plus what it was sent in the last seconds, before its events
+can tell (:class:`~cache.recent.RecentlySent`). Elsewhere the *belief* does: the index is told about a request
+when it is dispatched (the replica will hold its prompt once prefill runs) and corrected by what the replica
+reports afterwards: fewer ``cached_tokens`` than predicted means the replica keeps less than we believed, so
+its believed capacity shrinks and the oldest entries go; a failed request's new entries are withdrawn; a
+restarted replica starts empty. A replica whose events are incomplete (the gateway started listening after
+it had cached things, events were lost and cannot be replayed) is matched on both, the longer match winning.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ from typing import Any
 
 import xxhash
 
+from spillgate.cache.engine_index import EngineBlockIndex
 from spillgate.cache.fingerprint import (
     block_hashes,
+    cache_seed,
     canonical_chat,
     canonical_completion,
-    prefix_seed,
     token_block_hashes,
 )
 from spillgate.cache.index import PrefixIndex
+from spillgate.cache.kv_events import AllCleared, BlocksRemoved, BlocksStored, EventBatch
+from spillgate.cache.recent import RecentlySent
 from spillgate.cache.shared_index import SharedPrefixIndex
-from spillgate.cache.tokens import PromptTokenizer
+from spillgate.cache.tokens import PromptIds
 from spillgate.gateway.dispatch.coalesce import Lead
 from spillgate.gateway.serving.validation import CHARS_PER_TOKEN
 
@@ -48,7 +56,7 @@ class PrefixTracker:
         *,
         block_chars: int,
         max_blocks: int,
-        tokenizer: PromptTokenizer | None = None,
+        tokenizer: PromptIds | None = None,
         block_tokens: int = 64,
     ) -> None:
         self.index = PrefixIndex()
@@ -57,6 +65,15 @@ class PrefixTracker:
         self.tokenizer = tokenizer
         self._block_size = block_chars if tokenizer is None else block_tokens
         self._max_blocks = max_blocks
+        self.exact: EngineBlockIndex | None = (
+            EngineBlockIndex(block_tokens) if tokenizer is not None and tokenizer.exact else None
+        )
+        """What replicas hold by their own KV-cache events; None unless prompts are cut into the engine's ids."""
+        self.recent = RecentlySent()
+        self._fed: dict[str, bool] = {}
+        """Replicas whose events are followed -> whether their record is complete."""
+        self.predictions: dict[tuple[str, str, str], int] = {}
+        """(replica, source, outcome) -> requests: how predicted cached blocks compared with the replica's report."""
 
     @property
     def tokens_per_block(self) -> int:
@@ -68,14 +85,16 @@ class PrefixTracker:
         """Size a replica's index from its KV capacity in tokens (``max_total_num_tokens``)."""
         self.index.set_capacity(replica, max_total_tokens // self.tokens_per_block)
 
-    def fingerprint(self, payload: Mapping[str, Any], *, chat: bool, model: str, salt: str) -> Fingerprint:
+    def fingerprint(self, payload: Mapping[str, Any], *, chat: bool, salt: str | None) -> Fingerprint:
+        """Cut the prompt into chained blocks; ``salt`` is the cache salt the replica will get, which is all that
+        separates what engines share (:func:`~cache.fingerprint.cache_seed`)."""
+        seed = cache_seed(salt)
         if self.tokenizer is not None:
-            return self._token_fingerprint(payload, chat=chat, seed=prefix_seed(model, salt))
+            return self._token_fingerprint(payload, chat=chat, seed=seed)
         if chat:
             text = canonical_chat(payload["messages"], payload.get("tools"))
         else:
             text = canonical_completion(payload["prompt"])
-        seed = prefix_seed(model, salt)
         block = self._block_size
         hashes = block_hashes(text, seed, block_chars=block, max_blocks=self._max_blocks)
         # Prompts shorter than a block still get a stable key for prefix-affine hashing.
@@ -93,12 +112,71 @@ class PrefixTracker:
         return Fingerprint(tuple(hashes), key, len(ids))
 
     def matched_blocks(self, fingerprint: Fingerprint, replicas: Iterable[str]) -> dict[str, int]:
-        return self.index.match(fingerprint.hashes, replicas)
+        hashes = fingerprint.hashes
+        depths = self.index.match(hashes, replicas)
+        fed = self._fed
+        if fed and self.exact is not None:
+            followed = [name for name in depths if name in fed]
+            if followed:
+                exact = self.exact.match(hashes, followed)
+                recent = self.recent.match(hashes, followed)
+                for name in followed:
+                    depth = max(exact[name], recent.get(name, 0))
+                    depths[name] = depth if fed[name] else max(depth, depths[name])
+        return depths
+
+    def source(self, replica: str) -> str:
+        """What the replica's prediction comes from: ``events``, ``events+belief`` (incomplete events) or ``belief``."""
+        complete = self._fed.get(replica)
+        if complete is None:
+            return "belief"
+        return "events" if complete else "events+belief"
+
+    # KV-cache events (:class:`~backends.kv_subscriber.KvEventSink`) -------------------------------
+
+    def follow(self, replica: str) -> None:
+        """Events of ``replica`` are followed from now on; its record starts empty and incomplete."""
+        if self.exact is not None and replica not in self._fed:
+            self.exact.add(replica)
+            self._fed[replica] = False
+
+    def unfollow(self, replica: str) -> None:
+        if self._fed.pop(replica, None) is not None and self.exact is not None:
+            self.exact.remove(replica)
+
+    def apply(self, replica: str, batch: EventBatch) -> None:
+        exact = self.exact
+        if exact is None or replica not in self._fed:
+            return
+        for event in batch.events:
+            if isinstance(event, BlocksStored):
+                blocks = exact.stored(replica, event)
+                if blocks is None:
+                    self._fed[replica] = False  # a block whose ancestry was missed: the record is incomplete
+                else:
+                    self.recent.settled(replica, blocks)
+            elif isinstance(event, BlocksRemoved):
+                self.recent.settled(replica, exact.removed(replica, event.hashes))
+            elif isinstance(event, AllCleared):
+                exact.clear(replica)
+
+    def reset(self, replica: str, *, complete: bool) -> None:
+        if self.exact is None or replica not in self._fed:
+            return
+        self.exact.clear(replica)
+        self._fed[replica] = complete
+        if complete:  # a new process: the belief about the old one is wrong too
+            self.index.clear(replica)
+            self.recent.forget(replica)
+
+    # Requests -------------------------------------------------------------------------------------
 
     def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
         """``replica`` will hold this prompt once prefilled; hosted backends have no cache we track."""
         if not self.index.knows(replica):
             return
+        if replica in self._fed:
+            self.recent.sent(replica, fingerprint.hashes)
         self.index.insert(replica, fingerprint.hashes)
         if self.shared is not None:
             self.shared.publish("insert", replica, fingerprint.hashes)
@@ -129,17 +207,33 @@ class PrefixTracker:
         if not isinstance(prompt_tokens, int) or not isinstance(cached, int) or prompt_tokens <= 0:
             return  # the backend does not report cache hits (SGLang without --enable-cache-report)
         real_blocks = int(cached / prompt_tokens * fingerprint.length) // self._block_size
+        if self.tokenizer is not None:
+            self._count_prediction(replica, predicted_blocks, cached, fingerprint.length)
         if real_blocks + _BLOCK_SLACK < predicted_blocks:
             self.index.penalize(replica)
         elif predicted_blocks:
             self.index.reward(replica)
 
+    def _count_prediction(self, replica: str, predicted: int, cached: int, prompt_tokens: int) -> None:
+        """Compare in whole gateway blocks; an engine never reuses a prompt's last token, so neither do we."""
+        block = self._block_size
+        predicted = min(predicted, max(0, prompt_tokens - 1) // block)
+        real = min(cached, max(0, prompt_tokens - 1)) // block
+        outcome = "exact" if predicted == real else "over" if predicted > real else "under"
+        key = (replica, self.source(replica), outcome)
+        self.predictions[key] = self.predictions.get(key, 0) + 1
+
     def removed(self, replica: str) -> None:
         """The replica left the config, or its name now belongs to another address: forget it entirely."""
         self.index.remove(replica)
+        self.recent.forget(replica)
+        self.unfollow(replica)
 
     def restarted(self, replica: str) -> None:
         """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""
         self.index.clear(replica)
+        self.recent.forget(replica)
+        if replica in self._fed and self.exact is not None:
+            self.exact.clear(replica)
         if self.shared is not None:
             self.shared.publish("clear", replica)

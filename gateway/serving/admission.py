@@ -71,7 +71,7 @@ class Admission:
         attempt.stream = parsed.stream
         targets = route.targets_for(tenant.name)
         if route.policy.uses_prefix:
-            parsed = self._match_prefix(parsed, targets, route.name, tenant.name, attempt)
+            parsed = self._match_prefix(parsed, targets, tenant, attempt)
         request = RouteRequest(
             tenant=tenant.name,
             route=route.name,
@@ -186,12 +186,19 @@ class Admission:
         return route.complex_tier if verdict.score >= threshold else 0
 
     def _match_prefix(
-        self, parsed: ParsedRequest, targets: tuple[str, ...], route: str, tenant: str, attempt: Attempt
+        self, parsed: ParsedRequest, targets: tuple[str, ...], tenant: Tenant, attempt: Attempt
     ) -> ParsedRequest:
-        """Fingerprint the prompt (salted by tenant) and ask the index how much each candidate holds. With a
-        tokenizer configured the prompt's token count is known: it replaces the estimate from its length."""
+        """Fingerprint the prompt (salted as the replica's cache will be) and ask the index how much each candidate
+        holds. With a tokenizer configured the prompt's token count is known: it replaces the estimate from its
+        length. A conversation the model's chat template refuses is routed without prefix affinity (the replica
+        gives the client its error)."""
         prefix = self._state.prefix
-        fingerprint = prefix.fingerprint(parsed.payload, chat=self._chat, model=route, salt=tenant)
+        try:
+            fingerprint = prefix.fingerprint(
+                parsed.payload, chat=self._chat, salt=tenant.cache_salt(parsed.payload.get("cache_salt"))
+            )
+        except ValueError:
+            return parsed
         if prefix.tokenizer is not None:
             parsed = replace(parsed, prompt_tokens=max(1, fingerprint.length))
         attempt.fingerprint = fingerprint

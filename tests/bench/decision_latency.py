@@ -71,7 +71,7 @@ def main() -> None:
             ]
         }
         started = time.perf_counter()
-        fingerprint = tracker.fingerprint(payload, chat=True, model="chat", salt="tenant")
+        fingerprint = tracker.fingerprint(payload, chat=True, salt="tenant")
         matched = tracker.matched_blocks(fingerprint, names)
         per_block = tracker.tokens_per_block
         snapshot = registry.snapshot(names, {n: min(b * per_block, args.prompt_tokens) for n, b in matched.items()})

@@ -127,7 +127,7 @@ def test_tracker_feedback_shrinks_belief_on_misses_and_restores_on_hits() -> Non
     tracker = PrefixTracker(block_chars=64, max_blocks=512)
     tracker.capacity_known("r0", 100 * tracker.tokens_per_block)  # room for 100 blocks
     nominal = tracker.index.believed_capacity("r0")
-    fingerprint = tracker.fingerprint({"messages": conversation(3)}, chat=True, model="m", salt="t")
+    fingerprint = tracker.fingerprint({"messages": conversation(3)}, chat=True, salt="t")
     tracker.dispatched("r0", fingerprint)
     predicted = len(fingerprint.hashes)
     tracker.observed(
@@ -150,7 +150,7 @@ def test_tracker_withdraws_a_failed_dispatch() -> None:
 
     tracker = PrefixTracker(block_chars=64, max_blocks=512)
     tracker.capacity_known("r0", 100_000)
-    fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="t")
+    fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, salt="t")
     tracker.dispatched("r0", fingerprint)
     assert tracker.matched_blocks(fingerprint, ["r0"]) == {"r0": len(fingerprint.hashes)}
     tracker.failed("r0", fingerprint, 0)

@@ -37,11 +37,11 @@ def token_tracker(tokenizer_file: Path) -> PrefixTracker:
 def test_turn_n_plus_one_extends_turn_n_in_tokens_and_tenants_never_collide(tokenizer_file: Path) -> None:
     tracker = token_tracker(tokenizer_file)
     assert tracker.tokens_per_block == 16
-    shorter = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="a")
-    longer = tracker.fingerprint({"messages": conversation(3)}, chat=True, model="m", salt="a")
+    shorter = tracker.fingerprint({"messages": conversation(2)}, chat=True, salt="a")
+    longer = tracker.fingerprint({"messages": conversation(3)}, chat=True, salt="a")
     assert len(shorter.hashes) >= 10 and longer.hashes[: len(shorter.hashes)] == shorter.hashes
     assert len(longer.hashes) == longer.length // 16, "every full block of tokens, none of the partial last one"
-    other = tracker.fingerprint({"messages": conversation(3)}, chat=True, model="m", salt="b")
+    other = tracker.fingerprint({"messages": conversation(3)}, chat=True, salt="b")
     assert not set(other.hashes) & set(longer.hashes)
 
 
@@ -64,7 +64,7 @@ def test_a_record_sent_again_is_not_tokenized_again(tokenizer_file: Path) -> Non
 def test_feedback_is_judged_in_token_blocks(tokenizer_file: Path) -> None:
     tracker = token_tracker(tokenizer_file)
     tracker.capacity_known("r0", 100_000)
-    fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, model="m", salt="t")
+    fingerprint = tracker.fingerprint({"messages": conversation(2)}, chat=True, salt="t")
     tracker.dispatched("r0", fingerprint)
     predicted = len(fingerprint.hashes)
     nominal = tracker.index.believed_capacity("r0")
@@ -82,9 +82,9 @@ def test_feedback_is_judged_in_token_blocks(tokenizer_file: Path) -> None:
 def test_a_completion_given_as_token_ids_is_hashed_as_those_tokens(tokenizer_file: Path) -> None:
     tracker = token_tracker(tokenizer_file)
     ids = list(range(1000, 1040))
-    fingerprint = tracker.fingerprint({"prompt": ids}, chat=False, model="m", salt="t")
+    fingerprint = tracker.fingerprint({"prompt": ids}, chat=False, salt="t")
     assert (fingerprint.length, len(fingerprint.hashes)) == (40, 2)
-    extended = tracker.fingerprint({"prompt": [*ids, 7, 8]}, chat=False, model="m", salt="t")
+    extended = tracker.fingerprint({"prompt": [*ids, 7, 8]}, chat=False, salt="t")
     assert extended.hashes[:2] == fingerprint.hashes
-    odd = tracker.fingerprint({"prompt": [-1, 2**40]}, chat=False, model="m", salt="t")  # not ids: as text
+    odd = tracker.fingerprint({"prompt": [-1, 2**40]}, chat=False, salt="t")  # not ids: as text
     assert odd.length > 0

@@ -1,0 +1,200 @@
+"""One ZMQ subscription to a replica's KV-cache events, kept in sequence.
+
+The engine publishes numbered batches on a PUB socket (:mod:`cache.kv_events`). This subscriber hands each
+batch, in order, to a :class:`KvEventSink`, and keeps the sink's record whole:
+
+- a gap in the numbers (the publisher's high-water mark dropped some, or the connection broke) is filled from
+  the engine's replay socket when it has one; otherwise the record is cleared and rebuilt from what follows;
+- numbers starting again from below the last one mean a new engine process: its cache is empty;
+- the first batch of a subscription that cannot be replayed from the start leaves the record *partial*: blocks
+  stored before the gateway listened are unknown until they are stored again.
+
+Nothing here waits on the request path: the sink applies events in this task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import zmq
+import zmq.asyncio
+
+from spillgate.cache.kv_events import EventBatch, MalformedBatch, decode_batch, read_seq
+
+log = logging.getLogger("spillgate.kv_events")
+
+_REPLAY_TIMEOUT_S = 2.0
+_RECONNECT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """Where a replica publishes its KV-cache events, as the gateway reaches them."""
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+class KvEventSink(Protocol):
+    """What a subscription tells the record it feeds."""
+
+    def apply(self, replica: str, batch: EventBatch) -> None: ...
+
+    def reset(self, replica: str, *, complete: bool) -> None:
+        """Drop the replica's record: it restarted (``complete``: nothing is missing) or events were lost."""
+        ...
+
+
+class KvSubscriber:
+    """Follows one replica's events until :meth:`stop`; its counters are for ``/health``."""
+
+    def __init__(self, replica: str, source: KvEventSource, sink: KvEventSink, context: zmq.asyncio.Context) -> None:
+        self.replica = replica
+        self.source = source
+        self._sink = sink
+        self._context = context
+        self._task: asyncio.Task[None] | None = None
+        self.last_seq: int | None = None
+        self.batches = 0
+        self.gaps = 0
+        self.last_gap_at: float | None = None
+        self.lag_s: float | None = None
+        """Seconds between the engine stamping the last batch and this process applying it."""
+        self.complete = False
+        """Every block the replica stored since its cache was last empty has been seen."""
+        self.errors = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name=f"spillgate-kv-events-{self.replica}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def status(self) -> dict[str, object]:
+        return {
+            "endpoint": self.source.endpoint,
+            "replay": self.source.replay_endpoint,
+            "last_seq": self.last_seq,
+            "batches": self.batches,
+            "complete": self.complete,
+            "lag_s": None if self.lag_s is None else round(self.lag_s, 4),
+            "gaps": self.gaps,
+            "last_gap_age_s": None if self.last_gap_at is None else round(time.monotonic() - self.last_gap_at, 1),
+        }
+
+    async def _follow(self) -> None:
+        topic = self.source.topic.encode()
+        while True:
+            socket = self._context.socket(zmq.SUB)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.RCVHWM, 100_000)
+            socket.setsockopt(zmq.SUBSCRIBE, topic)
+            try:
+                socket.connect(self.source.endpoint)
+                while True:
+                    frames = await socket.recv_multipart()
+                    await self._received(frames)
+            except zmq.ZMQError as exc:
+                self.errors += 1
+                log.warning("KV events of %s at %s: %s; reconnecting", self.replica, self.source.endpoint, exc)
+                await asyncio.sleep(_RECONNECT_S)
+            finally:
+                socket.close(linger=0)
+
+    async def _received(self, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            self.errors += 1
+            return
+        try:
+            seq = read_seq(frames[1])
+        except MalformedBatch:
+            self.errors += 1
+            return
+        last = self.last_seq
+        if last is None:
+            # The first batch heard: replay what came before it, from the start of the engine's numbering.
+            self.complete = seq == 0 or (seq > 0 and await self._replay(0, seq))
+            if not self.complete:
+                self._sink.reset(self.replica, complete=False)
+        elif seq <= last:
+            log.warning(
+                "replica %s restarted (KV event numbers went from %d to %d): its cache is empty",
+                self.replica,
+                last,
+                seq,
+            )
+            self._sink.reset(self.replica, complete=True)
+            self.complete = True
+            if seq > 0 and not await self._replay(0, seq):
+                self.complete = False
+        elif seq > last + 1:
+            self.gaps += 1
+            self.last_gap_at = time.monotonic()
+            if not await self._replay(last + 1, seq):
+                log.warning(
+                    "KV events of %s: batches %d-%d lost and not replayable; rebuilding",
+                    self.replica,
+                    last + 1,
+                    seq - 1,
+                )
+                self._sink.reset(self.replica, complete=False)
+                self.complete = False
+        self._apply(seq, frames[2])
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            batch = decode_batch(seq, payload)
+        except MalformedBatch as exc:
+            self.errors += 1
+            log.warning("KV events of %s: batch %d unreadable (%s); rebuilding", self.replica, seq, exc)
+            self._sink.reset(self.replica, complete=False)
+            self.complete = False
+        else:
+            self._sink.apply(self.replica, batch)
+            self.batches += 1
+            if batch.ts:
+                self.lag_s = max(0.0, time.time() - batch.ts)
+        self.last_seq = seq
+
+    async def _replay(self, start: int, until: int) -> bool:
+        """Ask the replay socket for batches ``start`` to ``until - 1`` and apply them; False if it cannot."""
+        endpoint = self.source.replay_endpoint
+        if endpoint is None:
+            return False
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(endpoint)
+            await socket.send_multipart([b"", start.to_bytes(8, "big")])
+            expected = start
+            while True:
+                frames = await asyncio.wait_for(socket.recv_multipart(), _REPLAY_TIMEOUT_S)
+                # [b"", seq, payload] (older engines) or [b"", topic, seq, payload]; seq -1 ends it.
+                body = frames[1:]
+                if len(body) == 3:
+                    body = body[1:]
+                if len(body) != 2:
+                    return False
+                seq = read_seq(body[0])
+                if seq < 0:
+                    return expected >= until
+                if seq >= until:
+                    continue
+                if seq != expected:
+                    return False  # the engine no longer keeps the batches we missed
+                self._apply(seq, body[1])
+                expected += 1
+        except (TimeoutError, zmq.ZMQError, MalformedBatch) as exc:
+            log.warning("KV events of %s: replay from %s failed (%s)", self.replica, endpoint, exc)
+            return False
+        finally:
+            socket.close(linger=0)
