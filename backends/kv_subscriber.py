@@ -69,6 +69,8 @@ class KvSubscriber:
         self.complete = False
         """Every block the replica stored since its cache was last empty has been seen."""
         self.errors = 0
+        self._replayed_through = -1
+        """The last batch applied from the replay socket: the SUB socket may deliver it again afterwards."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name=f"spillgate-kv-events-{self.replica}")
@@ -100,6 +102,8 @@ class KvSubscriber:
             socket.setsockopt(zmq.SUBSCRIBE, topic)
             try:
                 socket.connect(self.source.endpoint)
+                if self.last_seq is None:
+                    await self._replay(0, None)  # everything the engine still keeps, from its first batch
                 while True:
                     frames = await socket.recv_multipart()
                     await self._received(frames)
@@ -120,44 +124,40 @@ class KvSubscriber:
             self.errors += 1
             return
         last = self.last_seq
+        if last is not None and seq <= self._replayed_through:
+            return  # already applied from the replay socket
+        self._replayed_through = -1
         if last is None:
             # The first batch heard: replay what came before it, from the start of the engine's numbering.
-            self.complete = seq == 0 or (seq > 0 and await self._replay(0, seq))
-            if not self.complete:
-                self._sink.reset(self.replica, complete=False)
-        elif seq <= last:
-            log.warning(
-                "replica %s restarted (KV event numbers went from %d to %d): its cache is empty",
-                self.replica,
-                last,
-                seq,
-            )
-            self._sink.reset(self.replica, complete=True)
-            self.complete = True
             if seq > 0 and not await self._replay(0, seq):
-                self.complete = False
+                self._lost()
+        elif seq <= last:
+            log.warning("replica %s restarted (KV event numbers went from %d to %d)", self.replica, last, seq)
+            if seq > 0 and not await self._replay(0, seq):
+                self._lost()
         elif seq > last + 1:
             self.gaps += 1
             self.last_gap_at = time.monotonic()
             if not await self._replay(last + 1, seq):
-                log.warning(
-                    "KV events of %s: batches %d-%d lost and not replayable; rebuilding",
-                    self.replica,
-                    last + 1,
-                    seq - 1,
-                )
-                self._sink.reset(self.replica, complete=False)
-                self.complete = False
+                log.warning("KV events of %s: batches %d-%d lost, not replayable", self.replica, last + 1, seq - 1)
+                self._lost()
         self._apply(seq, frames[2])
 
+    def _lost(self) -> None:
+        """Events are missing: start the record again from what follows; blocks stored before are unknown."""
+        self._sink.reset(self.replica, complete=False)
+        self.complete = False
+
     def _apply(self, seq: int, payload: bytes) -> None:
+        if seq == 0:  # the engine's first batch: its cache was empty just before
+            self._sink.reset(self.replica, complete=True)
+            self.complete = True
         try:
             batch = decode_batch(seq, payload)
         except MalformedBatch as exc:
             self.errors += 1
             log.warning("KV events of %s: batch %d unreadable (%s); rebuilding", self.replica, seq, exc)
-            self._sink.reset(self.replica, complete=False)
-            self.complete = False
+            self._lost()
         else:
             self._sink.apply(self.replica, batch)
             self.batches += 1
@@ -165,8 +165,9 @@ class KvSubscriber:
                 self.lag_s = max(0.0, time.time() - batch.ts)
         self.last_seq = seq
 
-    async def _replay(self, start: int, until: int) -> bool:
-        """Ask the replay socket for batches ``start`` to ``until - 1`` and apply them; False if it cannot."""
+    async def _replay(self, start: int, until: int | None) -> bool:
+        """Ask the replay socket for batches ``start`` to ``until - 1`` (or all it keeps) and apply them; False if
+        it cannot, or does not keep ``start`` any more."""
         endpoint = self.source.replay_endpoint
         if endpoint is None:
             return False
@@ -186,12 +187,13 @@ class KvSubscriber:
                     return False
                 seq = read_seq(body[0])
                 if seq < 0:
-                    return expected >= until
-                if seq >= until:
+                    return expected > start if until is None else expected >= until
+                if until is not None and seq >= until:
                     continue
                 if seq != expected:
                     return False  # the engine no longer keeps the batches we missed
                 self._apply(seq, body[1])
+                self._replayed_through = seq
                 expected += 1
         except (TimeoutError, zmq.ZMQError, MalformedBatch) as exc:
             log.warning("KV events of %s: replay from %s failed (%s)", self.replica, endpoint, exc)

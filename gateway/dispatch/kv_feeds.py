@@ -75,7 +75,10 @@ class KvEventFeeds:
         """For ``/health``: where the replica's prefix predictions come from, and its subscription."""
         subscriber = self._subscribers.get(backend.name)
         source = event_source(backend)
-        shown: dict[str, object] = {"source": self._prefix.source(backend.name)}
+        shown: dict[str, object] = {
+            "source": self._prefix.source(backend.name),
+            "predictions": self._prefix.prediction_counts(backend.name),
+        }
         if subscriber is not None:
             shown["events"] = subscriber.status()
         elif source is not None and not self.usable:

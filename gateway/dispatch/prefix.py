@@ -223,6 +223,14 @@ class PrefixTracker:
         key = (replica, self.source(replica), outcome)
         self.predictions[key] = self.predictions.get(key, 0) + 1
 
+    def prediction_counts(self, replica: str) -> dict[str, dict[str, int]]:
+        """Per source, how often the predicted cached blocks were ``exact``, ``over`` or ``under`` the replica's."""
+        counts: dict[str, dict[str, int]] = {}
+        for (name, source, outcome), count in self.predictions.items():
+            if name == replica:
+                counts.setdefault(source, {})[outcome] = count
+        return counts
+
     def removed(self, replica: str) -> None:
         """The replica left the config, or its name now belongs to another address: forget it entirely."""
         self.index.remove(replica)
