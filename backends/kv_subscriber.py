@@ -148,7 +148,7 @@ class KvSubscriber:
         self._sink.reset(self.replica, complete=False)
         self.complete = False
 
-    def _apply(self, seq: int, payload: bytes) -> None:
+    def _apply(self, seq: int, payload: bytes, *, live: bool = True) -> None:
         if seq == 0:  # the engine's first batch: its cache was empty just before
             self._sink.reset(self.replica, complete=True)
             self.complete = True
@@ -161,7 +161,7 @@ class KvSubscriber:
         else:
             self._sink.apply(self.replica, batch)
             self.batches += 1
-            if batch.ts:
+            if batch.ts and live:  # a replayed batch is as old as the gap it fills
                 self.lag_s = max(0.0, time.time() - batch.ts)
         self.last_seq = seq
 
@@ -192,7 +192,7 @@ class KvSubscriber:
                     continue
                 if seq != expected:
                     return False  # the engine no longer keeps the batches we missed
-                self._apply(seq, body[1])
+                self._apply(seq, body[1], live=False)
                 self._replayed_through = seq
                 expected += 1
         except (TimeoutError, zmq.ZMQError, MalformedBatch) as exc:

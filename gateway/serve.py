@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import logging
 import signal
 import sys
@@ -13,13 +14,20 @@ from pathlib import Path
 import uvicorn
 
 from spillgate.gateway.app import GatewayApp
-from spillgate.gateway.control.config import DEMO_CONFIG_PATH, ConfigError, GatewayConfig, parse_config, read_raw
+from spillgate.gateway.control.config import (
+    DEMO_CONFIG_PATH,
+    ConfigError,
+    GatewayConfig,
+    SimulatedReplicas,
+    parse_config,
+    read_raw,
+)
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.plugins import PluginError, load_plugins
 from spillgate.gateway.control.secrets import MissingSecret
 from spillgate.gateway.serving.connections import guarded_protocol
 from spillgate.gateway.state import build_state
-from spillgate.gateway.supervisor import ChildProcesses
+from spillgate.gateway.supervisor import ChildProcesses, free_port
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +110,24 @@ def run(args: argparse.Namespace) -> int:
         children.stop_all()
 
 
+def _kv_event_flags(sim: SimulatedReplicas) -> list[str]:
+    """A simulated replica's ``--kv-events-config`` on free ports, in its engine's form (SGLang binds when told to;
+    vLLM binds on ``*``)."""
+    if not sim.kv_events or "--kv-events-config" in sim.extra_args:
+        return []
+    port, replay = free_port(), free_port()
+    if "vllm" in sim.extra_args:
+        config: dict[str, object] = {
+            "enable_kv_cache_events": True,
+            "endpoint": f"tcp://*:{port}",
+            "replay_endpoint": f"tcp://*:{replay}",
+        }
+    else:
+        endpoint, replay_endpoint = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}"
+        config = {"publisher": "zmq", "endpoint": endpoint, "bind": True, "replay_endpoint": replay_endpoint}
+    return ["--kv-events-config", json.dumps(config)]
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -114,7 +140,7 @@ def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[
             sim = pool.simulated
             args = ["--preset", sim.preset, "--time-scale", str(sim.time_scale), "--model-name", pool.served_model]
             replica_urls[pool.name] = [
-                children.start("sim-replica", [*args, *sim.extra_args]) for _ in range(sim.count)
+                children.start("sim-replica", [*args, *sim.extra_args, *_kv_event_flags(sim)]) for _ in range(sim.count)
             ]
     hosted_urls: dict[str, str] = {}
     """API bases of the simulated hosted models (real ones use their configured ``api_base``)."""

@@ -179,6 +179,11 @@ class SimulatedReplicas(Strict):
         description="flags for each simulated replica, SGLang's own names (default: the recommended "
         "--enable-metrics --enable-cache-report; [] runs them on SGLang's bare defaults)",
     )
+    kv_events: bool = Field(
+        default=False,
+        description="publish KV-cache events (each replica gets --kv-events-config on free ports, which it "
+        "reports in /server_info; the gateway follows them with prefix.tokenizer: simulated)",
+    )
 
 
 class KvEventsConfig(Strict):
