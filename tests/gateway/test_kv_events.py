@@ -51,7 +51,7 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     config["prefix"] = {"tokenizer": "simulated", "block_tokens": BLOCK}
     config["routes"].append({"name": "aware", "targets": ["pool"], "policy": "cache_aware"})
     gateway = start_gateway(config, log_dir)
-    yield World(gateway, replicas, [source for _, source in started])
+    yield World(gateway, replicas, [source for _, source in started], config, log_dir)
     gateway.stop()
     for replica in replicas:
         replica.stop()
@@ -62,6 +62,8 @@ class World:
     gateway: RunningProcess
     replicas: list[RunningProcess]
     sources: list[KvEventSource]
+    config: dict
+    log_dir: Path
 
 
 def replica_health(gateway: RunningProcess) -> dict[str, dict]:
@@ -154,3 +156,29 @@ async def test_the_index_holds_what_each_replicas_cache_holds(world: World) -> N
         for subscriber in subscribers:
             await subscriber.stop()
         context.term()
+
+
+def test_a_second_gateway_process_sees_what_the_first_sent_without_sharing_anything(world: World) -> None:
+    """Two processes, no Redis: each follows every replica's events, so a conversation begun through one continues
+    on the same replica through the other, predicted exactly."""
+    wait_until_followed(world.gateway)
+    other = start_gateway(world.config, world.log_dir)
+    try:
+        wait_until_followed(other)
+        first = openai.OpenAI(base_url=world.gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+        second = openai.OpenAI(base_url=other.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+        for group in range(40, 44):
+            raw = first.chat.completions.with_raw_response.create(
+                model="aware", messages=conversation(group, 0), max_tokens=2
+            )
+            home = raw.headers["x-spillgate-backend"]
+            time.sleep(0.1)
+            raw = second.chat.completions.with_raw_response.create(
+                model="aware", messages=conversation(group, 1), max_tokens=2
+            )
+            assert (raw.headers["x-spillgate-backend"], raw.headers["x-spillgate-reason"]) == (home, "prefix_hit")
+            assert raw.parse().usage.prompt_tokens_details.cached_tokens > 1000
+        counts = [b["prefix"]["predictions"].get("events", {}) for b in replica_health(other).values()]
+        assert sum(c.get("exact", 0) for c in counts) == sum(sum(c.values()) for c in counts) > 0, counts
+    finally:
+        other.stop()
