@@ -58,6 +58,9 @@ class Attempt:
     first_token_at: float = 0.0
     usage: dict[str, Any] | None = None
     fingerprint: Fingerprint | None = None
+    prefix_source: str = ""
+    """What the chosen replica's prefix match came from (``events``, ``events+belief``, ``belief``); the
+    ``x-spillgate-prefix-source`` header."""
     matched_blocks: dict[str, int] = field(default_factory=dict)
     prefix_tokens: dict[str, int] = field(default_factory=dict)
     stream: bool = False
@@ -170,12 +173,15 @@ def request_id(scope: Scope) -> str:
 
 
 def response_headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [
+    headers = [
         *base,
         (b"x-request-id", attempt.request_id.encode()),
         (b"x-spillgate-backend", attempt.backend.encode()),
         (b"x-spillgate-reason", attempt.reason.encode()),
     ]
+    if attempt.prefix_source:
+        headers.append((b"x-spillgate-prefix-source", attempt.prefix_source.encode()))
+    return headers
 
 
 async def send_error(send: Send, attempt: Attempt, error: ApiError) -> None:

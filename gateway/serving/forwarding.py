@@ -107,6 +107,8 @@ class Forwarder:
                 state.metrics.prompt_holds.labels(backend.name).inc()
                 await ticket.wait_turn(_longest_wait(attempt))  # booked, but not named until sent
             attempt.backend = backend.name
+            if attempt.fingerprint is not None and not backend.hosted:
+                attempt.prefix_source = state.prefix.source(backend.name)
             attempt.served_by = backend
             attempt.reason = admitted.decision.reason if first else "fallback"
             attempt.sent_at = ticket.sent_at

@@ -177,6 +177,7 @@ def test_a_second_gateway_process_sees_what_the_first_sent_without_sharing_anyth
                 model="aware", messages=conversation(group, 1), max_tokens=2
             )
             assert (raw.headers["x-spillgate-backend"], raw.headers["x-spillgate-reason"]) == (home, "prefix_hit")
+            assert raw.headers["x-spillgate-prefix-source"] == "events"
             assert raw.parse().usage.prompt_tokens_details.cached_tokens > 1000
         counts = [b["prefix"]["predictions"].get("events", {}) for b in replica_health(other).values()]
         assert sum(c.get("exact", 0) for c in counts) == sum(sum(c.values()) for c in counts) > 0, counts
