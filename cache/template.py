@@ -74,7 +74,9 @@ class TemplateTokenizer:
         self._cache: OrderedDict[bytes, array[int]] = OrderedDict()
         self._cache_tokens = cache_tokens
         self._cached = 0
-        self._segmented = self._split is not None and all(self._agrees(sample) for sample in _SELF_CHECK)
+        checked = [self._agrees(sample) for sample in _SELF_CHECK] if self._split is not None else []
+        # Cut only where it is shown to change nothing; a template refusing both samples is encoded whole.
+        self._segmented = any(result is not None for result in checked) and all(r is not False for r in checked)
 
     @classmethod
     def from_directory(cls, path: str | Path) -> TemplateTokenizer:
@@ -105,7 +107,7 @@ class TemplateTokenizer:
             text = self._template.render(
                 messages=messages, tools=tools or None, add_generation_prompt=True, **self._specials
             )
-        except TemplateError as exc:
+        except (TemplateError, TypeError, AttributeError, KeyError, IndexError) as exc:  # a client's odd message
             raise ValueError(f"the chat template cannot render this conversation: {exc}") from None
         return self._encode(text, special=False)
 
@@ -154,8 +156,13 @@ class TemplateTokenizer:
                 self._cached -= len(evicted)
         return ids
 
-    def _agrees(self, messages: list[dict[str, Any]]) -> bool:
-        text = self._template.render(messages=messages, add_generation_prompt=True, **self._specials)
+    def _agrees(self, messages: list[dict[str, Any]]) -> bool | None:
+        """Whether cutting this conversation at special tokens encodes it as a whole; None if the template
+        refuses it."""
+        try:
+            text = self._template.render(messages=messages, add_generation_prompt=True, **self._specials)
+        except TemplateError:
+            return None
         whole = array("I", self._tokenizer.encode(text, add_special_tokens=False).ids)
         return self._segments(text) == whole
 
