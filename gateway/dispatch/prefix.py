@@ -241,7 +241,7 @@ class PrefixTracker:
         """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""
         self.index.clear(replica)
         self.recent.forget(replica)
-        if replica in self._fed and self.exact is not None:
-            self.exact.clear(replica)
+        # A replica's own events say when it restarted (their numbers start again): a probe noticing later must
+        # not wipe what the new process has published since.
         if self.shared is not None:
             self.shared.publish("clear", replica)
