@@ -194,6 +194,11 @@ def build_control_app(state: GatewayState) -> FastAPI:
                 state.metrics.queued.labels(backend.name).set(backend.load.queued)
                 state.metrics.running.labels(backend.name).set(backend.load.running)
                 state.metrics.kv_usage.labels(backend.name).set(backend.load.token_usage)
+                lag = state.kv_feeds.lag_s(backend.name)
+                if lag is not None:
+                    state.metrics.kv_events_lag.labels(backend.name).set(lag)
+        for (name, source, outcome), count in state.prefix.predictions.items():
+            state.metrics.prefix_predictions.labels(name, source, outcome).set(count)
         for gauge in (state.metrics.pool_rent, state.metrics.pool_rented_seconds, state.metrics.pool_busy_seconds):
             gauge.clear()  # pools a config change removed go
         for pool in state.rent.report(time.time()):

@@ -88,6 +88,10 @@ class KvEventFeeds:
             }
         return shown
 
+    def lag_s(self, replica: str) -> float | None:
+        subscriber = self._subscribers.get(replica)
+        return None if subscriber is None else subscriber.lag_s
+
     async def look(self) -> None:
         """Bring the subscriptions in line with the replicas now configured and what they report."""
         wanted: dict[str, tuple[Backend, KvEventSource]] = {}

@@ -236,6 +236,8 @@ class PrefixTracker:
         self.index.remove(replica)
         self.recent.forget(replica)
         self.unfollow(replica)
+        for key in [key for key in self.predictions if key[0] == replica]:
+            del self.predictions[key]
 
     def restarted(self, replica: str) -> None:
         """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""

@@ -177,6 +177,19 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
+        self.prefix_predictions = Gauge(
+            "spillgate_prefix_predictions",
+            "Answered requests since start whose predicted cached tokens (in whole prefix blocks) were exact, over or "
+            "under what the replica reported, by what the prediction came from (events, events+belief, belief).",
+            ("backend", "source", "outcome"),
+            registry=self.registry,
+        )
+        self.kv_events_lag = Gauge(
+            "spillgate_kv_events_lag_seconds",
+            "Between a replica stamping its last KV-event batch and this process applying it.",
+            ("backend",),
+            registry=self.registry,
+        )
         self.pool_replicas = Gauge(
             "spillgate_pool_replicas", "Replicas the pool has now, healthy or not.", ("pool",), registry=self.registry
         )
@@ -201,7 +214,15 @@ class GatewayMetrics:
             ("pool",),
             registry=self.registry,
         )
-        self._backend_gauges = (self.in_flight, self.backend_healthy, self.queued, self.running, self.kv_usage)
+        self._backend_gauges = (
+            self.in_flight,
+            self.backend_healthy,
+            self.queued,
+            self.running,
+            self.kv_usage,
+            self.kv_events_lag,
+            self.prefix_predictions,
+        )
 
     def clear_backend_gauges(self) -> None:
         """Forget every backend's gauges, so that the next values set describe only the backends configured now."""

@@ -108,6 +108,8 @@ def test_predicted_cached_tokens_match_the_replicas_reports_through_evictions(wo
     exact = sum(counts.get("exact", 0) for counts in predictions.values())
     assert total >= 20, predictions
     assert exact >= 0.99 * total, predictions
+    scraped = httpx.get(gateway.url + "/metrics").text
+    assert 'spillgate_prefix_predictions{backend="pool-0",outcome="exact",source="events"}' in scraped
 
 
 async def test_the_index_holds_what_each_replicas_cache_holds(world: World) -> None:
