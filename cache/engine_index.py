@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from spillgate.cache.fingerprint import cache_seed
-from spillgate.cache.index import leading_depths, lowest_free_bit
+from spillgate.cache.index import known_replicas, leading_depths, lowest_free_bit
 from spillgate.cache.kv_events import BlocksStored
 
 DEFAULT_MAX_BLOCKS = 8_000_000
@@ -78,6 +78,7 @@ class EngineBlockIndex:
         self.max_blocks = max_blocks
         self._replicas: dict[str, _Replica] = {}
         self._names_by_bit: dict[int, str] = {}
+        self._bits: dict[str, int] = {}
         self._holders: dict[int, int] = {}
 
     # membership --------------------------------------------------------------------------------
@@ -87,11 +88,13 @@ class EngineBlockIndex:
             bit = lowest_free_bit(self._names_by_bit)
             self._replicas[replica] = _Replica(bit)
             self._names_by_bit[bit] = replica
+            self._bits[replica] = bit
 
     def remove(self, replica: str) -> None:
         if replica in self._replicas:
             self.clear(replica)
             del self._names_by_bit[self._replicas.pop(replica).bit]
+            del self._bits[replica]
 
     def knows(self, replica: str) -> bool:
         return replica in self._replicas
@@ -165,13 +168,7 @@ class EngineBlockIndex:
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         """How many leading gateway blocks of ``hashes`` each of ``replicas`` (those with a record) holds."""
         known = self._replicas
-        depths: dict[str, int] = {}
-        mask = 0
-        for name in replicas:
-            entry = known.get(name)
-            if entry is not None:
-                depths[name] = 0
-                mask |= 1 << entry.bit
+        depths, mask = known_replicas(replicas, self._bits)
         leading_depths(self._holders, hashes, mask, self._names_by_bit, depths)
         for name, depth in depths.items():
             whole = known[name].per_engine_block

@@ -30,6 +30,7 @@ class PrefixIndex:
         self._holders: dict[int, int] = {}
         self._replicas: dict[str, _ReplicaBlocks] = {}
         self._names_by_bit: dict[int, str] = {}
+        self._bits: dict[str, int] = {}
 
     def set_capacity(self, replica: str, blocks: int) -> None:
         """Register ``replica`` or change how many blocks it can hold (from its KV capacity)."""
@@ -39,6 +40,7 @@ class PrefixIndex:
             bit = lowest_free_bit(self._names_by_bit)
             entry = self._replicas[replica] = _ReplicaBlocks(bit=bit, nominal=blocks, capacity=blocks)
             self._names_by_bit[bit] = replica
+            self._bits[replica] = bit
         entry.nominal = blocks
         entry.capacity = blocks
         self._evict(entry)
@@ -58,14 +60,7 @@ class PrefixIndex:
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         """How many leading blocks of ``hashes`` each of ``replicas`` holds (:func:`leading_depths`)."""
-        known = self._replicas
-        depths: dict[str, int] = {}
-        mask = 0
-        for name in replicas:
-            entry = known.get(name)
-            if entry is not None:
-                depths[name] = 0
-                mask |= 1 << entry.bit
+        depths, mask = known_replicas(replicas, self._bits)
         return leading_depths(self._holders, hashes, mask, self._names_by_bit, depths)
 
     def insert(self, replica: str, hashes: Sequence[int]) -> None:
@@ -108,6 +103,7 @@ class PrefixIndex:
             for block in entry.lru:
                 self._release(block, entry.bit)
             del self._names_by_bit[entry.bit]
+            del self._bits[replica]
 
     def insert_if_known(self, replica: str, hashes: Sequence[int]) -> None:
         """Like :meth:`insert`, for changes learned from other processes, which may know other replicas."""
@@ -154,6 +150,19 @@ class PrefixIndex:
             self._holders[block] = remaining
         else:
             self._holders.pop(block, None)
+
+
+def known_replicas(replicas: Iterable[str], bits: Mapping[str, int]) -> tuple[dict[str, int], int]:
+    """Those of ``replicas`` an index knows (``bits``: each one's bit), each at depth 0 in the caller's order, and
+    their bit mask: the start of :func:`leading_depths`."""
+    depths: dict[str, int] = {}
+    mask = 0
+    for name in replicas:
+        bit = bits.get(name)
+        if bit is not None:
+            depths[name] = 0
+            mask |= 1 << bit
+    return depths, mask
 
 
 def leading_depths(

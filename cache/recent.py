@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-from spillgate.cache.index import leading_depths, lowest_free_bit
+from spillgate.cache.index import known_replicas, leading_depths, lowest_free_bit
 
 DEFAULT_TTL_S = 5.0
 
@@ -47,13 +47,7 @@ class RecentlySent:
 
     def match(self, hashes: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         self._expire()
-        depths: dict[str, int] = {}
-        mask = 0
-        for name in replicas:
-            bit = self._bits.get(name)
-            if bit is not None:
-                depths[name] = 0
-                mask |= 1 << bit
+        depths, mask = known_replicas(replicas, self._bits)
         return leading_depths(self._holders, hashes, mask, self._names_by_bit, depths)
 
     def settled(self, replica: str, blocks: Iterable[int]) -> None:

@@ -15,19 +15,17 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import xxhash
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from spillgate.cache.tokens import DEFAULT_CACHE_TOKENS
+from spillgate.cache.tokens import DEFAULT_CACHE_TOKENS, IdsCache
 
 _SELF_CHECK = (
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there, 12 + 30 = ?"}],
@@ -71,9 +69,7 @@ class TemplateTokenizer:
             if added
             else None
         )
-        self._cache: OrderedDict[bytes, array[int]] = OrderedDict()
-        self._cache_tokens = cache_tokens
-        self._cached = 0
+        self._cache = IdsCache(cache_tokens)
         checked = [self._agrees(sample) for sample in _SELF_CHECK] if self._split is not None else []
         # Cut only where it is shown to change nothing; a template refusing both samples is encoded whole.
         self._segmented = any(result is not None for result in checked) and all(r is not False for r in checked)
@@ -120,7 +116,7 @@ class TemplateTokenizer:
 
     @property
     def cached_tokens(self) -> int:
-        return self._cached
+        return self._cache.tokens
 
     def _encode(self, text: str, *, special: bool) -> array[int]:
         if special or not self._segmented:
@@ -142,19 +138,14 @@ class TemplateTokenizer:
         return ids
 
     def _piece(self, text: str, *, special: bool) -> array[int]:
-        key = xxhash.xxh3_128_digest(text.encode(), seed=int(special))
-        ids = self._cache.get(key)
-        if ids is not None:
-            self._cache.move_to_end(key)
-            return ids
-        ids = array("I", self._tokenizer.encode(text, add_special_tokens=special).ids)
-        if len(ids) <= self._cache_tokens:
-            self._cache[key] = ids
-            self._cached += len(ids)
-            while self._cached > self._cache_tokens:
-                _, evicted = self._cache.popitem(last=False)
-                self._cached -= len(evicted)
-        return ids
+        encode = self._encode_special if special else self._encode_plain
+        return self._cache.ids(text, encode, variant=int(special))
+
+    def _encode_plain(self, text: str) -> Sequence[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _encode_special(self, text: str) -> Sequence[int]:
+        return self._tokenizer.encode(text, add_special_tokens=True).ids
 
     def _agrees(self, messages: list[dict[str, Any]]) -> bool | None:
         """Whether cutting this conversation at special tokens encodes it as a whole; None if the template

@@ -61,6 +61,33 @@ def named_prompt_ids(name: str) -> PromptIds | None:
     return None if factory is None else factory()
 
 
+class IdsCache:
+    """Token ids of texts seen before, kept up to ``limit`` ids in all, the least recently used dropped first."""
+
+    def __init__(self, limit: int = DEFAULT_CACHE_TOKENS) -> None:
+        self._entries: OrderedDict[bytes, array[int]] = OrderedDict()
+        self._limit = limit
+        self.tokens = 0
+        """Token ids held (at most ``limit``)."""
+
+    def ids(self, text: str, encode: Callable[[str], Sequence[int]], *, variant: int = 0) -> array[int]:
+        """``text``'s ids, from ``encode`` the first time; ``variant`` keeps apart encodings of the same text."""
+        key = xxhash.xxh3_128_digest(text.encode(), seed=variant)
+        entries = self._entries
+        ids = entries.get(key)
+        if ids is not None:
+            entries.move_to_end(key)
+            return ids
+        ids = array("I", encode(text))
+        if len(ids) <= self._limit:
+            entries[key] = ids
+            self.tokens += len(ids)
+            while self.tokens > self._limit:
+                _, evicted = entries.popitem(last=False)
+                self.tokens -= len(evicted)
+        return ids
+
+
 class PromptTokenizer:
     """A prompt's token ids, record by record, with the ids of records seen before kept up to ``cache_tokens``."""
 
@@ -69,9 +96,7 @@ class PromptTokenizer:
 
     def __init__(self, encoder: Encoder, *, cache_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self._encoder = encoder
-        self._cache: OrderedDict[bytes, array[int]] = OrderedDict()
-        self._cache_tokens = cache_tokens
-        self._cached = 0
+        self._cache = IdsCache(cache_tokens)
 
     def chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> array[int]:
         ids = array("I")
@@ -88,22 +113,13 @@ class PromptTokenizer:
     @property
     def cached_tokens(self) -> int:
         """Token ids held for repeated records (at most ``cache_tokens``)."""
-        return self._cached
+        return self._cache.tokens
 
     def _record(self, text: str) -> array[int]:
-        key = xxhash.xxh3_128_digest(text.encode())
-        ids = self._cache.get(key)
-        if ids is not None:
-            self._cache.move_to_end(key)
-            return ids
-        ids = array("I", self._encoder.encode(text, add_special_tokens=False).ids)
-        if len(ids) <= self._cache_tokens:
-            self._cache[key] = ids
-            self._cached += len(ids)
-            while self._cached > self._cache_tokens:
-                _, evicted = self._cache.popitem(last=False)
-                self._cached -= len(evicted)
-        return ids
+        return self._cache.ids(text, self._encode)
+
+    def _encode(self, text: str) -> Sequence[int]:
+        return self._encoder.encode(text, add_special_tokens=False).ids
 
 
 def _is_token_id(item: object) -> bool:
