@@ -4,8 +4,10 @@ record rebuilt without one), a restart clearing the record."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -88,14 +90,25 @@ async def connected(publisher: Publisher, sink: Sink, first: int) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("replay", [True, False])
-async def test_a_gap_is_replayed_or_the_record_rebuilt(replay: bool) -> None:
+@contextlib.asynccontextmanager
+async def following(*, replay: bool) -> AsyncIterator[tuple[Publisher, Sink, KvSubscriber]]:
+    """An engine's publisher and a subscription to it, stopped afterwards."""
     context = zmq.asyncio.Context()
     publisher = Publisher(context, replay=replay)
     sink = Sink()
     subscriber = KvSubscriber("r", publisher.source(), sink, context)
     subscriber.start()
     try:
+        yield publisher, sink, subscriber
+    finally:
+        await subscriber.stop()
+        publisher.close()
+        context.term()
+
+
+@pytest.mark.parametrize("replay", [True, False])
+async def test_a_gap_is_replayed_or_the_record_rebuilt(replay: bool) -> None:
+    async with following(replay=replay) as (publisher, sink, subscriber):
         await connected(publisher, sink, 0)
         heard = len(sink.seqs)
         await publisher.send(1, dropped=True)
@@ -107,42 +120,20 @@ async def test_a_gap_is_replayed_or_the_record_rebuilt(replay: bool) -> None:
             assert sink.seqs[heard:] == [1, 2, 3] and subscriber.complete and sink.resets == [True]
         else:
             assert sink.seqs[heard:] == [3] and not subscriber.complete and sink.resets == [True, False]
-    finally:
-        await subscriber.stop()
-        publisher.close()
-        context.term()
 
 
 async def test_numbers_starting_again_mean_a_restarted_engine() -> None:
-    context = zmq.asyncio.Context()
-    publisher = Publisher(context, replay=False)
-    sink = Sink()
-    subscriber = KvSubscriber("r", publisher.source(), sink, context)
-    subscriber.start()
-    try:
+    async with following(replay=False) as (publisher, sink, subscriber):
         await connected(publisher, sink, 0)
         await publisher.send(1)
         await wait_for(lambda: sink.seqs[-1:] == [1])
         await publisher.send(0)
         await wait_for(lambda: len(sink.resets) == 2)
         assert sink.resets == [True, True] and subscriber.complete
-    finally:
-        await subscriber.stop()
-        publisher.close()
-        context.term()
 
 
 async def test_joining_late_without_replay_leaves_the_record_incomplete() -> None:
-    context = zmq.asyncio.Context()
-    publisher = Publisher(context, replay=False)
-    sink = Sink()
-    subscriber = KvSubscriber("r", publisher.source(), sink, context)
-    subscriber.start()
-    try:
+    async with following(replay=False) as (publisher, sink, subscriber):
         await connected(publisher, sink, 7)
         assert not subscriber.complete and sink.resets[:1] == [False]
         assert subscriber.status()["last_seq"] == 7
-    finally:
-        await subscriber.stop()
-        publisher.close()
-        context.term()
