@@ -14,7 +14,7 @@ it had cached things, events were lost and cannot be replayed) is matched on bot
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -45,6 +45,9 @@ class Fingerprint:
     prefix_key: int
     length: int
     """The serialized prompt's length in the unit blocks are cut in: characters, or tokens with a tokenizer."""
+    unused_belief: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
+    """For replicas matched on their events: what the belief would have predicted, to count how it would have
+    fared (``belief_unused`` in the prediction counts)."""
 
 
 class PrefixTracker:
@@ -122,6 +125,7 @@ class PrefixTracker:
                 recent = self.recent.match(hashes, followed)
                 for name in followed:
                     depth = max(exact[name], recent.get(name, 0))
+                    fingerprint.unused_belief[name] = depths[name]
                     depths[name] = depth if fed[name] else max(depth, depths[name])
         return depths
 
@@ -208,19 +212,22 @@ class PrefixTracker:
             return  # the backend does not report cache hits (SGLang without --enable-cache-report)
         real_blocks = int(cached / prompt_tokens * fingerprint.length) // self._block_size
         if self.tokenizer is not None:
-            self._count_prediction(replica, predicted_blocks, cached, fingerprint.length)
+            self._count_prediction(replica, self.source(replica), predicted_blocks, cached, fingerprint.length)
+            unused = fingerprint.unused_belief.get(replica)
+            if unused is not None:
+                self._count_prediction(replica, "belief_unused", unused, cached, fingerprint.length)
         if real_blocks + _BLOCK_SLACK < predicted_blocks:
             self.index.penalize(replica)
         elif predicted_blocks:
             self.index.reward(replica)
 
-    def _count_prediction(self, replica: str, predicted: int, cached: int, prompt_tokens: int) -> None:
+    def _count_prediction(self, replica: str, source: str, predicted: int, cached: int, prompt_tokens: int) -> None:
         """Compare in whole gateway blocks; an engine never reuses a prompt's last token, so neither do we."""
         block = self._block_size
         predicted = min(predicted, max(0, prompt_tokens - 1) // block)
         real = min(cached, max(0, prompt_tokens - 1)) // block
         outcome = "exact" if predicted == real else "over" if predicted > real else "under"
-        key = (replica, self.source(replica), outcome)
+        key = (replica, source, outcome)
         self.predictions[key] = self.predictions.get(key, 0) + 1
 
     def prediction_counts(self, replica: str) -> dict[str, dict[str, int]]:

@@ -108,6 +108,8 @@ def test_predicted_cached_tokens_match_the_replicas_reports_through_evictions(wo
     exact = sum(counts.get("exact", 0) for counts in predictions.values())
     assert total >= 20, predictions
     assert exact >= 0.99 * total, predictions
+    unused = [b["prefix"]["predictions"].get("belief_unused", {}) for b in replica_health(gateway).values()]
+    assert sum(sum(counts.values()) for counts in unused) == total, "the belief's figure on the same requests"
     scraped = httpx.get(gateway.url + "/metrics").text
     assert 'spillgate_prefix_predictions{backend="pool-0",outcome="exact",source="events"}' in scraped
 
