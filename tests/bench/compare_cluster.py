@@ -188,15 +188,34 @@ class Cluster:
     log_dir: Path
     services: list[Service] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
+    kv_endpoints: list[str] = field(default_factory=list)
+    """Where each replica publishes its KV-cache events (``start(kv_events=True)``), in replica order."""
 
-    def start(self, count: int, extra_args: Sequence[str] = (), name: str = "replica", *, bare: bool = False) -> None:
-        """``count`` replicas with the recommended SGLang flags, or (``bare``) on SGLang's own defaults."""
+    def start(
+        self,
+        count: int,
+        extra_args: Sequence[str] = (),
+        name: str = "replica",
+        *,
+        bare: bool = False,
+        kv_events: bool = False,
+    ) -> None:
+        """``count`` replicas with the recommended SGLang flags, or (``bare``) on SGLang's own defaults; with
+        ``kv_events`` each publishes its KV-cache events as SGLang does (ZMQ PUB, bound, with a replay socket),
+        on ports of its own, and reports them in ``/server_info``."""
         extra_args = [*(() if bare else RECOMMENDED_SGLANG_FLAGS), *extra_args]
         for index in range(count):
             port = free_port()
+            events: list[str] = []
+            if kv_events:
+                endpoint = f"tcp://127.0.0.1:{free_port()}"
+                replay = f"tcp://127.0.0.1:{free_port()}"
+                publish = {"publisher": "zmq", "endpoint": endpoint, "bind": True, "topic": "kv"}
+                events = ["--kv-events-config", json.dumps({**publish, "replay_endpoint": replay})]
+                self.kv_endpoints.append(endpoint)
             argv = [
                 sys.executable, "-m", "spillgate.gateway.cli", "sim-replica", "--port", str(port), "--preset", PRESET,
-                "--time-scale", f"{self.time_scale:g}", "--model-name", MODEL, *extra_args,
+                "--time-scale", f"{self.time_scale:g}", "--model-name", MODEL, *extra_args, *events,
             ]  # fmt: skip
             self.services.append(start(f"{name}-{index}", argv, self.log_dir))
             self.urls.append(f"http://127.0.0.1:{port}")
@@ -269,15 +288,23 @@ class Relay:
 
 
 def gateway_config(
-    urls: Sequence[str], policy: str, port: int, time_scale: float, route: Mapping[str, Any] | None = None
+    urls: Sequence[str],
+    policy: str,
+    port: int,
+    time_scale: float,
+    route: Mapping[str, Any] | None = None,
+    *,
+    pool: Mapping[str, Any] | None = None,
+    prefix: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One pool over the replicas, one route with ``policy`` (and the settings in ``route``, such as its
-    ``weights`` or ``affinity``), one tenant (its key stored as a digest, its SLO the bench's).
+    ``weights`` or ``affinity``), one tenant (its key stored as a digest, its SLO the bench's). ``pool`` adds
+    settings to the pool (``kv_events``), ``prefix`` is the config's ``prefix`` section (``tokenizer``).
 
     ``prefill_tokens_per_s`` is per wall second, which the gateway measures in: the replicas run
     ``1 / time_scale`` times real speed.
     """
-    return {
+    config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 0.5},
         "limits": {"max_connections_per_client": 0},  # the load generator is one address with many connections
@@ -287,6 +314,7 @@ def gateway_config(
                 "served_model": MODEL,
                 "replicas": list(urls),
                 "prefill_tokens_per_s": SIM_PREFILL_TOKENS_PER_S / time_scale,
+                **(pool or {}),
             }
         ],
         "routes": [{"name": ROUTE, "targets": ["sims"], "policy": policy, **(route or {})}],
@@ -298,6 +326,9 @@ def gateway_config(
             }
         ],
     }
+    if prefix:
+        config["prefix"] = dict(prefix)
+    return config
 
 
 def start_spillgate(
@@ -308,11 +339,15 @@ def start_spillgate(
     *,
     processes: int = 1,
     redis_url: str | None = None,
+    pool: Mapping[str, Any] | None = None,
+    prefix: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> Relay:
     """The gateway over the cluster; with ``trace``, one JSON line per request there (``trace_gateway``);
     ``route``: more settings for its route (see :func:`gateway_config`). With ``processes`` > 1, that many
     gateway processes sharing their state through ``redis_url`` (under a key prefix of this start's own), as a
-    deployment behind a load balancer runs: the bench rotates over them."""
+    deployment behind a load balancer runs: the bench rotates over them. ``pool`` and ``prefix``: see
+    :func:`gateway_config`; ``name`` names its logs (default ``spillgate-POLICY``)."""
     if processes > 1 and not redis_url:
         raise ValueError("several gateway processes share their state through Redis: pass redis_url")
     key_prefix = f"compare-{os.getpid()}-{time.time_ns()}"
@@ -323,16 +358,16 @@ def start_spillgate(
     try:
         for index in range(processes):
             port = free_port()
-            config = gateway_config(cluster.urls, policy, port, cluster.time_scale, route)
-            name = f"spillgate-{policy}" + (f"-{index}" if processes > 1 else "")
+            config = gateway_config(cluster.urls, policy, port, cluster.time_scale, route, pool=pool, prefix=prefix)
+            process = (name or f"spillgate-{policy}") + (f"-{index}" if processes > 1 else "")
             if processes > 1:
-                data_dir = str(cluster.log_dir / name)
+                data_dir = str(cluster.log_dir / process)
                 config["state"] = {"redis_url": redis_url, "key_prefix": key_prefix, "data_dir": data_dir}
-            path = cluster.log_dir / f"{name}.yaml"
+            path = cluster.log_dir / f"{process}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             entry = ["spillgate.gateway.cli"] if trace is None else ["tests.bench.trace_gateway", "--trace", str(trace)]
             argv = [sys.executable, "-m", *entry, "serve", "--config", str(path), "--port", str(port)]
-            services.append(start(name, argv, cluster.log_dir))
+            services.append(start(process, argv, cluster.log_dir))
             urls.append(f"http://127.0.0.1:{port}")
             argvs.append(" ".join(argv))
         for service, url in zip(services, urls, strict=True):
@@ -379,6 +414,30 @@ def start_router(python: str, cluster: Cluster, policy: str) -> Relay:
     ]  # fmt: skip
     service = start(f"sglang-router-{policy}", argv, cluster.log_dir)
     relay = Relay("sglang-router", policy, service, f"http://127.0.0.1:{port}", MODEL, None, " ".join(argv))
+    _wait_routing(relay)
+    return relay
+
+
+def start_smg(binary: str, cluster: Cluster, policy: str) -> Relay:
+    """Shepherd Model Gateway (``smg launch``) over the cluster's HTTP workers, with its defaults but the policy,
+    its log quiet, its metrics on a loopback port that cannot collide, and its health-check timeout stretched by
+    the time scale as sglang-router's is. Over HTTP it routes ``cache_aware`` on its approximate prefix tree of
+    the request text: its event-driven index is fed by workers it tokenizes for (gRPC), which these are not."""
+    port = free_port()
+    health_timeout = max(5, round(5 * cluster.time_scale))
+    argv = [
+        binary, "launch", "--worker-urls", *cluster.urls, "--policy", policy, "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(free_port()), "--health-check-timeout-secs", str(health_timeout),
+    ]  # fmt: skip
+    service = start(f"smg-{policy}", argv, cluster.log_dir)
+    relay = Relay("smg", policy, service, f"http://127.0.0.1:{port}", MODEL, None, " ".join(argv))
+    _wait_routing(relay)
+    return relay
+
+
+def _wait_routing(relay: Relay) -> None:
+    """Until a chat completion through ``relay`` answers 200 (its workers registered and healthy)."""
     try:
         body = b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}'
         headers = {"content-type": "application/json"}
@@ -386,8 +445,7 @@ def start_router(python: str, cluster: Cluster, policy: str) -> Relay:
         def routes() -> bool:
             return http_request(relay.url + "/v1/chat/completions", body=body, headers=headers)[0] == 200
 
-        wait_until(service, routes, timeout=60, what="a chat completion answering 200")
+        wait_until(relay.service, routes, timeout=60, what="a chat completion answering 200")
     except BaseException:
-        service.stop()
+        relay.stop()
         raise
-    return relay

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -181,15 +181,30 @@ class Run:
     wall_s: float
     cpu: tuple[float, float]
     slo: Slo
+    probed: Any = None
+    """What ``measure``'s ``probe`` read from the relay at the run's end, before it was stopped."""
 
 
-def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec: WorkloadSpec, seed: int = 0) -> Run:
-    """One run: a fresh router, flushed caches, the workload, the replicas' counters around it."""
+def measure(
+    settings: Settings,
+    cluster: Cluster,
+    router: str,
+    policy: str,
+    spec: WorkloadSpec,
+    seed: int = 0,
+    *,
+    starter: Callable[[Path | None], Relay] | None = None,
+    probe: Callable[[Relay], Any] | None = None,
+) -> Run:
+    """One run: a fresh router, flushed caches, the workload, the replicas' counters around it. ``starter``
+    starts the relay instead of :func:`start_relay` (given the gateway trace path, if any); ``probe`` reads
+    something from it once the workload is done (kept as ``Run.probed``)."""
     wait_for_quiet()
     trace = _trace_path(settings, router, policy, spec, "gateway", seed)
     if trace is not None:
         trace.unlink(missing_ok=True)
-    relay = start_relay(settings, cluster, router, policy, trace)
+    relay = starter(trace) if starter is not None else start_relay(settings, cluster, router, policy, trace)
+    probed = None
     try:
         cluster.flush()
         before = cluster.counters()
@@ -213,12 +228,14 @@ def measure(settings: Settings, cluster: Cluster, router: str, policy: str, spec
         if not relay.running():
             raise RuntimeError(f"{relay.name} exited during the run:\n{relay.log_tail()}")
         after = cluster.counters()
+        if probe is not None:
+            probed = probe(relay)
     finally:
         relay.stop()
     level = result.levels[0]
     _write_client_results(_trace_path(settings, router, policy, spec, "client", seed), level, settings.time_scale)
     deltas = [a.minus(b) for a, b in zip(after, before, strict=True)]
-    return Run(level, deltas, wall, cpu, Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms))
+    return Run(level, deltas, wall, cpu, Slo(ttft_ms=config.slo_ttft_ms, tpot_ms=config.slo_tpot_ms), probed)
 
 
 def measure_row(
@@ -281,6 +298,8 @@ class Reference:
             chat=spec.chat,
             session_script=script,
             seed=seed,
+            trace_block_tokens=spec.trace_block_tokens,
+            trace_max_output_tokens=spec.trace_max_output,
         )
         level = asyncio.run(run_bench(config)).levels[0]
         summary = level.summary

@@ -50,6 +50,10 @@ class WorkloadSpec:
     chat: ChatKnobs = CHAT
     trace_speedup: float = 1.0
     trace_requests: int | None = None
+    trace_block_tokens: int = 512
+    """Tokens per trace block: below Mooncake's 512 every prompt shrinks alike, its sharing kept."""
+    trace_max_output: int | None = None
+    """Cap on each trace record's output tokens."""
 
     def num_requests(self, duration_s: float) -> int | None:
         """Requests per run: ``rate x duration``, so every row sends exactly the same sequence."""
@@ -86,6 +90,8 @@ class WorkloadSpec:
             session_order=session_order,
             seed=seed,
             trace_speedup=self.trace_speedup / time_scale,
+            trace_block_tokens=self.trace_block_tokens,
+            trace_max_output_tokens=self.trace_max_output,
             slo_ttft_ms=ttft_ms * time_scale,
             slo_tpot_ms=tpot_ms * time_scale,
             request_timeout_s=120.0 * max(1.0, time_scale),
@@ -105,15 +111,29 @@ SWEEP_RATES = {
 }
 
 
-def workload_spec(name: str, *, trace_speedup: float, trace_requests: int) -> WorkloadSpec:
-    """``gsp``, ``chat`` or ``trace:PATH`` (replayed at ``trace_speedup`` x its own clock, first N records)."""
+def workload_spec(
+    name: str,
+    *,
+    trace_speedup: float,
+    trace_requests: int,
+    trace_block_tokens: int = 512,
+    trace_max_output: int | None = None,
+) -> WorkloadSpec:
+    """``gsp``, ``chat`` or ``trace:PATH`` (replayed at ``trace_speedup`` x its own clock, first N records,
+    ``trace_block_tokens`` tokens a block, outputs capped at ``trace_max_output``)."""
     if name == "gsp-zipf":
         return WorkloadSpec(name=name, workload="gsp", rate=DEFAULT_RATES[name], gsp=GSP_ZIPF)
     if name in DEFAULT_RATES:
         return WorkloadSpec(name=name, workload=name, rate=DEFAULT_RATES[name])
     if name.startswith("trace:"):
         return WorkloadSpec(
-            name="trace", workload=name, rate=None, trace_speedup=trace_speedup, trace_requests=trace_requests
+            name="trace",
+            workload=name,
+            rate=None,
+            trace_speedup=trace_speedup,
+            trace_requests=trace_requests,
+            trace_block_tokens=trace_block_tokens,
+            trace_max_output=trace_max_output,
         )
     raise ValueError(f"unknown workload {name!r}: use gsp, gsp-zipf, chat or trace:PATH")
 
