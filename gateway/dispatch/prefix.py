@@ -250,7 +250,11 @@ class PrefixTracker:
         """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""
         self.index.clear(replica)
         self.recent.forget(replica)
-        # A replica's own events say when it restarted (their numbers start again): a probe noticing later must
-        # not wipe what the new process has published since.
+        if replica in self._fed and self.exact is not None:
+            # Also for a replica followed by its events: vLLM publishes nothing until the new process stores its
+            # first blocks, and a request decided before then must not count on the old process's cache. A
+            # probe noticing the restart late may drop the new process's first blocks: an under-prediction
+            # until they are stored again, never an over-prediction.
+            self.exact.clear(replica)
         if self.shared is not None:
             self.shared.publish("clear", replica)
