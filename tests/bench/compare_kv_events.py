@@ -81,6 +81,8 @@ ROWS = ("events", "belief", "sglang-router", "smg")
 PREFIX = {"tokenizer": "simulated"}
 """The gateway's prefix section for every spillgate row: blocks of the replicas' own token ids."""
 BELIEF_POOL = {"kv_events": {"enabled": False}}
+SHADOW = "belief_unused"
+"""/health's count of what the belief would have predicted where events were used."""
 HIT_GAIN_GOAL = 1.05
 """Events' hit rate at least this many times the belief's."""
 TTFT_P99_GOAL = 0.8
@@ -122,10 +124,15 @@ class RowResult:
     gaps: int = 0
     """Event sequence gaps the subscriptions saw, summed."""
 
-    def exact_share(self) -> float | None:
-        counts = [sum(by.values()) for by in self.predictions.values()]
-        exact = sum(by.get("exact", 0) for by in self.predictions.values())
-        return exact / sum(counts) if sum(counts) else None
+    def exact_share(self, shadow: bool = False) -> float | None:
+        """Of the predictions routing used (``shadow``: of what the belief would have predicted on the requests
+        matched on events, ``belief_unused``), the share that was exactly what the replica reported."""
+        used = [by for source, by in self.predictions.items() if (source == SHADOW) == shadow]
+        total = sum(sum(by.values()) for by in used)
+        return sum(by.get("exact", 0) for by in used) / total if total else None
+
+    def predicted(self, shadow: bool = False) -> int:
+        return sum(sum(by.values()) for source, by in self.predictions.items() if (source == SHADOW) == shadow)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -134,6 +141,7 @@ class RowResult:
             "prediction_sources": self.sources,
             "event_gaps": self.gaps,
             "exact_share": self.exact_share(),
+            "belief_unused_exact_share": self.exact_share(shadow=True),
         }
 
 
@@ -285,6 +293,23 @@ def _lineage() -> set[int]:
     return ours
 
 
+def start_cluster(settings: Settings, log_dir: Path, kv_tokens: int, attempts: int = 3) -> Cluster:
+    """The replicas, publishing events on free ports; a port another process took meanwhile fails a replica's
+    start, so the cluster is started again (on other ports) a few times."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, attempts + 1):
+        cluster = Cluster(settings.time_scale, log_dir)
+        try:
+            cluster.start(settings.replicas, ["--max-total-tokens", str(kv_tokens)], kv_events=True)
+            return cluster
+        except RuntimeError as exc:
+            cluster.stop()
+            if attempt == attempts:
+                raise
+            _progress(f"replicas did not start ({str(exc).splitlines()[0]}); again")
+    raise AssertionError("unreachable")
+
+
 def keep_logs(log_dir: Path, into: Path, row: Row, spec: WorkloadSpec, seed: int) -> Path:
     """A copy of the logs of a run that had failures (the next run's processes write over them)."""
     kept = into / f"{time.strftime('%Y%m%d-%H%M%S')}-{row.kind}-p{row.processes}-{spec.name}-seed{seed}"
@@ -318,10 +343,8 @@ def run_workload(plan: Plan, spec: WorkloadSpec, reference: Reference, work_dir:
         f"{spec.name}: working set {working:,.0f} tokens; {settings.replicas} replicas of {kv_tokens:,} tokens "
         f"(the cluster holds {kv_tokens * settings.replicas / working:.0%} of it)"
     )
-    cluster = Cluster(settings.time_scale, work_dir / spec.name)
-    cluster.log_dir.mkdir(parents=True, exist_ok=True)
+    cluster = start_cluster(settings, work_dir / spec.name, kv_tokens)
     try:
-        cluster.start(settings.replicas, ["--max-total-tokens", str(kv_tokens)], kv_events=True)
         for row in plan.rows:
             _progress(f"{row.label}: {spec.name}")
             probe = health_probe if row.spillgate else None
@@ -366,7 +389,7 @@ def run_workload(plan: Plan, spec: WorkloadSpec, reference: Reference, work_dir:
                 f"  hit {_fmt(figures.hit_rate, 100, '%')}, TTFT p50/p99 {_fmt(figures.ttft_p50_ms)}/"
                 f"{_fmt(figures.ttft_p99_ms)} ms, TPOT p50 {_fmt(figures.tpot_p50_ms)} ms, goodput "
                 f"{figures.goodput_rps:.1f}/s, {figures.failed} failed"
-                + ("" if exact is None else f", exact {exact:.1%} {row_result.sources}")
+                + ("" if exact is None else f", exact {exact:.1%} {row_result.sources} {row_result.predictions}")
                 + f", {figures.wall_s:.0f} s; hit by seed "
                 + " ".join(_fmt(hit_over([run]), 100, "%") for run in runs)
             )
@@ -396,9 +419,10 @@ def table(results: list[WorkloadResult]) -> str:
         for label, row in result.rows.items():
             f = row.figures
             hit = _pct(f.hit_rate) + (f" (of {_pct(f.best_hit_rate)})" if f.best_hit_rate else "")
-            exact = row.exact_share()
-            total = sum(sum(by.values()) for by in row.predictions.values())
-            exact_cell = "-" if exact is None else f"{exact:.1%} of {total:,}"
+            exact, shadow = row.exact_share(), row.exact_share(shadow=True)
+            exact_cell = "-" if exact is None else f"{exact:.1%} of {row.predicted():,}"
+            if shadow is not None:
+                exact_cell += f" (belief: {shadow:.1%})"
             slo = "-" if f.slo_pct is None else f"{f.slo_pct:.0f}%"
             if row.runs and len(row.runs) != result.repeat:
                 label += f" ({len(row.runs)} seeds)"
@@ -497,8 +521,9 @@ def render(plan: Plan, results: list[WorkloadResult], header: dict[str, Any]) ->
     lines += ["", table(results), ""]
     lines.append(
         "hit: the replicas' own counters (chat: of the row's own best achievable). exact predictions: of the "
-        "requests spillgate predicted a cached prefix for, the share whose predicted cached blocks were what the "
-        "replica reported (/health, all replicas and processes)."
+        "requests spillgate routed with a prediction, the share whose predicted cached blocks were exactly what the "
+        "replica then reported (/health, all replicas and processes; in parentheses, what the belief would have "
+        "predicted for the same requests)."
     )
     lines += ["", "Targets (spillgate on events, one process):"]
     for result in results:
@@ -633,6 +658,8 @@ def run(args: argparse.Namespace) -> int:
         reference.start()
         for spec in plan.base.specs:
             results.append(run_workload(plan, spec, reference, work_dir))
+            if args.json:  # what is done so far, should a later workload fail
+                Path(args.json).write_text(json.dumps(json_document(plan, results, {}), indent=2) + "\n")
         ok = True
     finally:
         reference.stop()
@@ -649,30 +676,33 @@ def run(args: argparse.Namespace) -> int:
     }
     print(render(plan, results, header))
     if args.json:
-        document = {
-            "version": 1,
-            **header,
-            "peers": plan.peer_notes,
-            "workloads": {
-                result.spec.name: {
-                    "repeat": result.repeat,
-                    "rate": result.spec.rate,
-                    "working_set_tokens": result.working_set_tokens,
-                    "kv_tokens_per_replica": result.kv_tokens_per_replica,
-                    "best_hit_rate": result.best_hit_rate,
-                    "notes": result.notes,
-                    "verdicts": verdicts(result),
-                    "rows": {label: row.to_json() for label, row in result.rows.items()},
-                }
-                for result in results
-            },
-        }
-        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(json_document(plan, results, header), indent=2) + "\n")
     if args.keep_logs:
         print(f"logs kept in {work_dir}", file=sys.stderr)
     else:
         shutil.rmtree(work_dir, ignore_errors=True)
     return 0
+
+
+def json_document(plan: Plan, results: list[WorkloadResult], header: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "version": 1,
+        **header,
+        "peers": plan.peer_notes,
+        "workloads": {
+            result.spec.name: {
+                "repeat": result.repeat,
+                "rate": result.spec.rate,
+                "working_set_tokens": result.working_set_tokens,
+                "kv_tokens_per_replica": result.kv_tokens_per_replica,
+                "best_hit_rate": result.best_hit_rate,
+                "notes": result.notes,
+                "verdicts": verdicts(result),
+                "rows": {label: row.to_json() for label, row in result.rows.items()},
+            }
+            for result in results
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

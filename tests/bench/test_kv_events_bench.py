@@ -76,6 +76,10 @@ def test_predictions_add_up_over_processes_and_runs() -> None:
     assert result.sources == {"events": 4} and result.gaps == 1
     assert result.exact_share() == pytest.approx(10 / 12)
     assert RowResult(_figures(0.5, 100.0, 10.0)).exact_share() is None
+    add_probes(result, [{"predictions": {"belief_unused": {"exact": 1, "over": 3}}, "sources": {}, "gaps": 0}])
+    assert result.exact_share() == pytest.approx(10 / 12), "what the belief would have done is counted apart"
+    assert result.exact_share(shadow=True) == pytest.approx(0.25)
+    assert (result.predicted(), result.predicted(shadow=True)) == (12, 4)
 
 
 def test_verdicts() -> None:
