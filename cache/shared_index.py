@@ -25,7 +25,7 @@ import logging
 import os
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import redis.asyncio as aioredis
@@ -85,6 +85,8 @@ class SharedPrefixIndex:
         self.applied = 0
         self.prefills: RemotePrefills | None = None
         """Told of the prefills other processes announce; ``None`` ignores them."""
+        self.sent_elsewhere: Callable[[str, Sequence[int]], None] | None = None
+        """Told of each request another process sent (live entries only), for replicas matched on their events."""
         self._announced = 0
         self._replay_end: tuple[int, int] | None = None
         """The newest entry when this process started following: announcements up to it are history."""
@@ -198,6 +200,8 @@ class SharedPrefixIndex:
         op = fields[b"op"]
         if op == b"insert":
             self.index.insert_if_known(replica, hashes)
+            if live and self.sent_elsewhere is not None:
+                self.sent_elsewhere(replica, hashes)
         elif op == b"forget":
             self.index.forget_after(replica, hashes, int(fields[b"d"]))
         elif op == b"clear":

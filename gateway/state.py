@@ -139,6 +139,7 @@ class GatewayState:
             stream = f"{self.config.state.key_prefix}:prefix-index"
             self.prefix.shared = SharedPrefixIndex(self.prefix.index, client, stream=stream)
             self.prefix.shared.prefills = self.prefilling
+            self.prefix.shared.sent_elsewhere = self.prefix.sent_elsewhere
             await self.prefix.shared.start()
             if settings.share_load_interval_s > 0:
                 load_client = aioredis.from_url(resolve_secret(settings.redis_url), socket_timeout=2.0)

@@ -13,7 +13,7 @@ it had cached things, events were lost and cannot be replayed) is matched on bot
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +174,12 @@ class PrefixTracker:
             self.recent.forget(replica)
 
     # Requests -------------------------------------------------------------------------------------
+
+    def sent_elsewhere(self, replica: str, hashes: Sequence[int]) -> None:
+        """Another gateway process sent ``replica`` these blocks: until the replica's events tell, count them as
+        this process counts its own, so two processes do not place one new prefix on two replicas."""
+        if replica in self._fed:
+            self.recent.sent(replica, hashes)
 
     def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
         """``replica`` will hold this prompt once prefilled; hosted backends have no cache we track."""
