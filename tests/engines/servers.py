@@ -26,12 +26,14 @@ def start_engine(
     *flags: str,
     port: int | None = None,
     kv_tokens: int = 65536,
+    context: int | None = None,
     env: dict[str, str] | None = None,
 ) -> RunningProcess:
-    """One server of ``engine`` with ``flags`` added, its KV cache holding about ``kv_tokens`` tokens."""
+    """One server of ``engine`` with ``flags`` added, its KV cache holding about ``kv_tokens`` tokens and its context
+    ``context`` tokens (default the model's; vLLM refuses a KV cache that cannot hold one whole context)."""
     port = port or free_port()
     start = {"sglang": _sglang_command, "vllm": _vllm_command}[engine]
-    command, ready, engine_env = start(installed, port, kv_tokens, flags)
+    command, ready, engine_env = start(installed, port, kv_tokens, context, flags)
     return start_process(
         command,
         port=port,
@@ -44,7 +46,7 @@ def start_engine(
 
 
 def _sglang_command(
-    installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
+    installed: Installed, port: int, kv_tokens: int, context: int | None, flags: Sequence[str]
 ) -> tuple[list[str], str, dict[str, str]]:
     command = [
         *_serving(installed, "sglang", "sglang.launch_server", "--model-path", port),
@@ -55,6 +57,7 @@ def _sglang_command(
         "0.05",
         "--max-total-tokens",
         str(kv_tokens),
+        *(("--context-length", str(context)) if context else ()),
         *flags,
     ]
     # /ready answers at once and says 200 only once the server is Up (its warm-up done); /health takes a second.
@@ -62,12 +65,12 @@ def _sglang_command(
 
 
 def _vllm_command(
-    installed: Installed, port: int, kv_tokens: int, flags: Sequence[str]
+    installed: Installed, port: int, kv_tokens: int, context: int | None, flags: Sequence[str]
 ) -> tuple[list[str], str, dict[str, str]]:
     command = [
         *_serving(installed, "vllm", "vllm.entrypoints.openai.api_server", "--model", port),
         "--max-model-len",
-        str(model_context(installed)),
+        str(context or model_context(installed)),
         # vLLM on a CPU reserves its KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE, 1 GiB is half a million tokens
         # of the tiny model); the block count caps what it uses, in blocks of 128 tokens on a CPU.
         "--num-gpu-blocks-override",
