@@ -176,6 +176,12 @@ class EngineBlockIndex:
                 depths[name] = depth - depth % whole
         return depths
 
+    def in_whole_engine_blocks(self, replica: str, depth: int) -> int:
+        """``depth`` gateway blocks rounded down to the replica's whole engine blocks (all it can reuse)."""
+        entry = self._replicas.get(replica)
+        whole = entry.per_engine_block if entry is not None else 1
+        return depth - depth % whole
+
     def blocks_held(self, replica: str) -> int:
         """Gateway blocks the replica holds."""
         entry = self._replicas.get(replica)

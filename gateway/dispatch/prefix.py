@@ -124,7 +124,7 @@ class PrefixTracker:
                 exact = self.exact.match(hashes, followed)
                 recent = self.recent.match(hashes, followed)
                 for name in followed:
-                    depth = max(exact[name], recent.get(name, 0))
+                    depth = max(exact[name], self.exact.in_whole_engine_blocks(name, recent.get(name, 0)))
                     fingerprint.unused_belief[name] = depths[name]
                     depths[name] = depth if fed[name] else max(depth, depths[name])
         return depths
