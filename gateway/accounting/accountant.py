@@ -173,19 +173,20 @@ class Accountant:
         kind: BackendKind,
         prompt_tokens: int,
         worst_case_usd: float,
+        user: str = "",
     ) -> str:
         """Before a request is sent: it is booked at ``worst_case_usd`` on ``backend`` (outcome
         ``gateway_killed``; through the ledger, then Redis, like any entry) should this process be killed
-        before it ends. Returns the id its real entry must carry to replace that: the reservation's (settled
-        through it), or a new one to record it with, or to :meth:`abandon` should it end without an entry.
-        A few microseconds, and never waits."""
+        before it ends, ``user`` (the client's) kept with it. Returns the id its real entry must carry to
+        replace that: the reservation's (settled through it), or a new one to record it with, or to
+        :meth:`abandon` should it end without an entry. A few microseconds, and never waits."""
         if reservation is None:
             entry_id, hold_id = new_id(), ""
         else:  # its replay drops the hold, wherever it was made (dropping one Redis never had is harmless)
             entry_id = reservation.id
             hold_id = entry_id if self.shared is not None else ""
         request = (entry_id, request_id, time.time(), tenant, route, backend, kind, prompt_tokens, worst_case_usd)
-        self.ledger.opened((*request, hold_id))
+        self.ledger.opened((*request, hold_id, user))
         return entry_id
 
     def abandon(self, entry_id: str) -> None:

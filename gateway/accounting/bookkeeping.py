@@ -77,6 +77,7 @@ def book_dispatch(
         costliest.kind,
         parsed.prompt_tokens,
         attempt.worst_case_usd,
+        parsed.user,
     )
 
 
@@ -117,6 +118,7 @@ def book_ledger(
         hosted_equivalent_usd=attempt.hosted_equivalent_usd if attempt.hosted_equivalent_usd is not None else cost,
         outcome=attempt.outcome,
         entry_id=entry_id,
+        user=parsed.user,
     )
     if reservation is not None:
         accountant.settle_soon(reservation, entry)

@@ -28,11 +28,11 @@ from typing import Any
 from .idle_worker import IdleWorker
 from .inflight import InFlight
 from .journal import Journal
-from .records import DISPATCH_FIELDS, ENTRY_FIELDS, Dispatch, LedgerEntry, killed_entry
+from .records import ENTRY_FIELDS, Dispatch, LedgerEntry, is_dispatch, killed_entry
 
 log = logging.getLogger("spillgate.accounting")
 
-_SCHEMA = """
+_TABLE = """
 CREATE TABLE IF NOT EXISTS entries (
     entry_id TEXT PRIMARY KEY,
     request_id TEXT NOT NULL,
@@ -48,19 +48,32 @@ CREATE TABLE IF NOT EXISTS entries (
     hosted_equivalent_usd REAL NOT NULL,
     outcome TEXT NOT NULL,
     hold_id TEXT NOT NULL DEFAULT '',
-    shipped INTEGER NOT NULL DEFAULT 0
-);
+    shipped INTEGER NOT NULL DEFAULT 0,
+    user TEXT NOT NULL DEFAULT ''
+)"""
+_ADDED_COLUMNS = {"user": "ALTER TABLE entries ADD COLUMN user TEXT NOT NULL DEFAULT ''"}
+"""Columns a ledger file written by an older gateway lacks, added when it is opened (its rows get the default)."""
+_INDEXES = """
 CREATE INDEX IF NOT EXISTS entries_by_time ON entries (time);
+CREATE INDEX IF NOT EXISTS entries_by_tenant ON entries (tenant, time);
 CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
 """
+"""By time (retention, restart totals, every tenant's requests newest first); by tenant and time (one tenant's
+requests). SQLite keeps each row's rowid in every index, so both also order by (time, rowid)."""
 _COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
 _ROW_FIELDS = attrgetter(*_COLUMNS)
 _ENTRY_ID = len(_COLUMNS) - 1
 """An entry's values in ``_COLUMNS`` order, read in C: cheap enough to run per request at append time."""
+_USER = _COLUMNS.index("user")
+_ROW_WITHOUT_USER = len(_COLUMNS) + 1
+"""A journaled row (its columns, hold_id, shipped) written before ``user`` was kept."""
 _INSERT = (
     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}, hold_id, shipped) "
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})"
 )
+_BUSY_WAIT_MS = 5000
+_MIGRATION_WAIT_MS = 120_000
+"""Indexing a ledger of millions of rows, at the first start after an upgrade, takes a while."""
 _RETRY_S = 1.0
 _PRUNE_INTERVAL_S = 600.0
 _PRUNE_CHUNK = 5000
@@ -130,10 +143,9 @@ class Ledger:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
-        journaled = [tuple(row) for row in self._journal.recover() if len(row) == len(_COLUMNS) + 2]
-        unfinished = [_killed_row(record) for record in self._inflight.recover() if len(record) == DISPATCH_FIELDS]
+        _migrate(db)
+        journaled = [row for row in map(_journaled_row, self._journal.recover()) if row is not None]
+        unfinished = [_killed_row(record) for record in self._inflight.recover() if is_dispatch(record)]
         if journaled or unfinished:
             # A killed process's last entries (those already committed are ignored), then its requests that
             # never ended, at their worst case: one whose real entry is in the ledger by now is ignored too.
@@ -310,6 +322,30 @@ class Ledger:
         if self._db is None:
             raise RuntimeError(f"ledger {self.path} is not open: call start() first")
         return self._db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Create the table, add the columns an older gateway's file lacks, then the indexes (some over those
+    columns). In one transaction: processes sharing a ``data_dir`` may open the file at once."""
+    db.execute(f"PRAGMA busy_timeout={_MIGRATION_WAIT_MS}")  # another process may be indexing a large file
+    with _transaction(db):
+        db.execute(_TABLE)
+        present = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
+        for column, statement in _ADDED_COLUMNS.items():
+            if column not in present:
+                db.execute(statement)
+                log.info("ledger: added the column %r to a ledger file written by an older gateway", column)
+    db.executescript(_INDEXES)
+    db.execute(f"PRAGMA busy_timeout={_BUSY_WAIT_MS}")
+
+
+def _journaled_row(row: list[object]) -> Row | None:
+    """A journal line as a row to insert; one an older gateway wrote gets an empty ``user``."""
+    if len(row) == len(_COLUMNS) + 2:
+        return tuple(row)
+    if len(row) == _ROW_WITHOUT_USER:
+        return (*row[:_USER], "", *row[_USER:])
+    return None
 
 
 def _killed_row(record: list[object]) -> Row:

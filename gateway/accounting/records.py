@@ -18,11 +18,13 @@ KILLED = "gateway_killed"
 """The outcome of a request its gateway process was killed while serving: booked at its worst case by the
 next start (:mod:`.inflight`)."""
 
-Dispatch = tuple[str, str, float, str, str, str, str, int, float, str]
+Dispatch = tuple[str, str, float, str, str, str, str, int, float, str, str]
 """A request sent upstream, written ahead (:mod:`.inflight`): entry id, request id, time, tenant, route,
-backend, kind, prompt tokens, worst case in USD, and the hold its replay to Redis drops. A plain tuple: one is
-built and serialized per request, before it is sent."""
-DISPATCH_FIELDS = 10
+backend, kind, prompt tokens, worst case in USD, the hold its replay to Redis drops, and the client's
+``user``. A plain tuple: one is built and serialized per request, before it is sent."""
+DISPATCH_FIELDS = 11
+_DISPATCH_FIELDS_WITHOUT_USER = 10
+"""Records written before ``user`` was kept: a killed older gateway's are still booked by a newer one."""
 
 
 def new_id() -> str:
@@ -101,6 +103,8 @@ class LedgerEntry:
     hosted_equivalent_usd: float = 0.0
     outcome: str = "ok"
     entry_id: str = ""
+    user: str = ""
+    """OpenAI's ``user`` as the client sent it (empty when it sent none): who, behind the tenant, asked."""
 
     @property
     def tokens(self) -> int:
@@ -116,10 +120,16 @@ class LedgerEntry:
 ENTRY_FIELDS = tuple(f.name for f in dataclasses.fields(LedgerEntry))
 
 
+def is_dispatch(record: Sequence[Any]) -> bool:
+    """``record`` is a whole :data:`Dispatch` (or one written before ``user`` was kept)."""
+    return len(record) in (DISPATCH_FIELDS, _DISPATCH_FIELDS_WITHOUT_USER)
+
+
 def killed_entry(record: Sequence[Any]) -> tuple[LedgerEntry, str]:
     """The entry a :data:`Dispatch` left open by a killed process is booked at, and its hold."""
-    entry_id, request_id, at, tenant, route, backend, kind, prompt, worst_usd, hold_id = record
+    entry_id, request_id, at, tenant, route, backend, kind, prompt, worst_usd, hold_id, *rest = record
+    user = str(rest[0]) if rest else ""
     entry = LedgerEntry(
-        request_id, at, tenant, route, backend, kind, prompt, 0, 0, worst_usd, worst_usd, KILLED, entry_id
+        request_id, at, tenant, route, backend, kind, prompt, 0, 0, worst_usd, worst_usd, KILLED, entry_id, user
     )
     return entry, hold_id

@@ -22,6 +22,9 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 _NUMBER_FIELDS = ("temperature", "top_p", "frequency_penalty", "presence_penalty")
 _NON_TEXT_PART_CHARS = 4 * 1024
 """An image or audio part counted as about a thousand tokens: what a typical image costs a vision model."""
+MAX_USER_CHARS = 256
+"""OpenAI's ``user``, an end-user id the ledger keeps with each request: long enough for any id or email
+address, short enough that a ledger row stays small."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,8 @@ class ParsedRequest:
     """Completions asked for (``n``, or ``best_of`` when larger): each may produce ``max_tokens``."""
     body_bytes: int = 0
     """The body's size: a bound on its prompt tokens that holds for any language (reservations use it)."""
+    user: str = ""
+    """OpenAI's ``user`` (the caller's end user), booked with the request; empty when not sent."""
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -131,6 +136,13 @@ def _common(
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.max_choices:
             raise _invalid(name, f"'{name}' must be an integer from 1 to {limits.max_choices}.")
         choices = max(choices, value)
+    user = payload.get("user")
+    if user is None:
+        user = ""
+    elif not isinstance(user, str):
+        raise _invalid("user", "'user' must be a string identifying your end user.")
+    elif len(user) > MAX_USER_CHARS:
+        raise _invalid("user", f"'user' is {len(user)} characters long; at most {MAX_USER_CHARS} are allowed.")
     return ParsedRequest(
         payload=payload,
         model=model,
@@ -140,6 +152,7 @@ def _common(
         prompt_tokens=chars // CHARS_PER_TOKEN + 1,
         choices=choices,
         body_bytes=body_bytes,
+        user=user,
     )
 
 
