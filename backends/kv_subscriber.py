@@ -30,6 +30,7 @@ log = logging.getLogger("spillgate.kv_events")
 
 _REPLAY_TIMEOUT_S = 2.0
 _RECONNECT_S = 1.0
+_REPLAY_ROUNDS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,16 +168,35 @@ class KvSubscriber:
 
     async def _replay(self, start: int, until: int | None) -> bool:
         """Ask the replay socket for batches ``start`` to ``until - 1`` (or all it keeps) and apply them; False if
-        it cannot, or does not keep ``start`` any more."""
+        it cannot, or does not keep ``start`` any more.
+
+        An engine answers a replay with a ROUTER socket, which drops what a reader leaves queued past its
+        high-water mark: a long replay arrives cut short (a number skipped, or no end mark). Each round asks again
+        from the first batch still missing, as long as the last round brought some."""
         endpoint = self.source.replay_endpoint
         if endpoint is None:
             return False
+        expected = start
+        for _ in range(_REPLAY_ROUNDS):
+            reached, outcome = await self._replay_round(endpoint, expected, until)
+            if outcome == "ended" or (until is not None and reached >= until):
+                return reached > start if until is None else reached >= until
+            if outcome == "gone" or reached == expected:
+                return False
+            expected = reached
+        log.warning("KV events of %s: replay from %s gave up after %d rounds", self.replica, endpoint, _REPLAY_ROUNDS)
+        return False
+
+    async def _replay_round(self, endpoint: str, start: int, until: int | None) -> tuple[int, str]:
+        """One request to the replay socket, applying batches from ``start`` on in order: the first number not
+        applied, and ``ended`` (the end mark came), ``gone`` (the engine no longer keeps ``start``) or ``cut``."""
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)  # queue all the engine sends: its ROUTER drops what waits past its mark
+        expected = start
         try:
             socket.connect(endpoint)
             await socket.send_multipart([b"", start.to_bytes(8, "big")])
-            expected = start
             while True:
                 frames = await asyncio.wait_for(socket.recv_multipart(), _REPLAY_TIMEOUT_S)
                 # [b"", seq, payload] (older engines) or [b"", topic, seq, payload]; seq -1 ends it.
@@ -184,19 +204,24 @@ class KvSubscriber:
                 if len(body) == 3:
                     body = body[1:]
                 if len(body) != 2:
-                    return False
+                    return expected, "gone"
                 seq = read_seq(body[0])
                 if seq < 0:
-                    return expected > start if until is None else expected >= until
+                    return expected, "ended"
                 if until is not None and seq >= until:
                     continue
                 if seq != expected:
-                    return False  # the engine no longer keeps the batches we missed
+                    # Dropped batches come last, never first: a first number past ``start`` is a buffer moved on.
+                    return expected, "gone" if expected == start else "cut"
                 self._apply(seq, body[1], live=False)
                 self._replayed_through = seq
                 expected += 1
-        except (TimeoutError, zmq.ZMQError, MalformedBatch) as exc:
+        except TimeoutError:
+            if expected == start:
+                log.warning("KV events of %s: replay from %s did not answer", self.replica, endpoint)
+            return expected, "cut"
+        except (zmq.ZMQError, MalformedBatch) as exc:
             log.warning("KV events of %s: replay from %s failed (%s)", self.replica, endpoint, exc)
-            return False
+            return expected, "gone"
         finally:
             socket.close(linger=0)

@@ -137,3 +137,16 @@ async def test_joining_late_without_replay_leaves_the_record_incomplete() -> Non
         await connected(publisher, sink, 7)
         assert not subscriber.complete and sink.resets[:1] == [False]
         assert subscriber.status()["last_seq"] == 7
+
+
+async def test_a_long_replay_cut_short_by_the_engines_router_is_asked_again() -> None:
+    """An engine's ROUTER drops what waits past its high-water mark, so a replay of thousands of large batches
+    arrives with its tail missing: the subscriber asks again from the first missing one until it has them all."""
+    padding = list(range(1_000))  # ~3 KB a batch, as a busy replica's batches are
+    async with following(replay=True) as (publisher, sink, subscriber):
+        for seq in range(6_000):
+            event = {"type": "BlockRemoved", "block_hashes": padding}
+            publisher.kept[seq] = msgspec.msgpack.encode([time.time(), [event], 0])
+        await connected(publisher, sink, 6_000)
+        await wait_for(lambda: subscriber.last_seq == 6_000, timeout=30)
+        assert sink.seqs == list(range(6_001)) and subscriber.complete
