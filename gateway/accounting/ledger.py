@@ -28,6 +28,7 @@ from typing import Any
 from .idle_worker import IdleWorker
 from .inflight import InFlight
 from .journal import Journal
+from .logs import LogPage, LogQuery, read_page
 from .records import ENTRY_FIELDS, Dispatch, LedgerEntry, is_dispatch, killed_entry
 
 log = logging.getLogger("spillgate.accounting")
@@ -58,8 +59,8 @@ CREATE INDEX IF NOT EXISTS entries_by_time ON entries (time);
 CREATE INDEX IF NOT EXISTS entries_by_tenant ON entries (tenant, time);
 CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
 """
-"""By time (retention, restart totals, every tenant's requests newest first); by tenant and time (one tenant's
-requests). SQLite keeps each row's rowid in every index, so both also order by (time, rowid)."""
+"""By time (retention, restart totals, every tenant's logs newest first); by tenant and time (one tenant's logs,
+:mod:`.logs`). SQLite keeps each row's rowid in every index, so both also order by (time, rowid)."""
 _COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
 _ROW_FIELDS = attrgetter(*_COLUMNS)
 _ENTRY_ID = len(_COLUMNS) - 1
@@ -313,6 +314,14 @@ class Ledger:
             SELECT tenant, CAST(time / 60 AS INTEGER) AS minute, kind, COUNT(*), SUM(cost_usd)
             FROM entries WHERE time >= ? GROUP BY tenant, minute, kind"""
         return await asyncio.to_thread(self._query, query, (since,))
+
+    # Single requests -------------------------------------------------------------------------------------
+
+    async def logs(self, query: LogQuery) -> LogPage:
+        """One page of entries, newest first (:mod:`.logs`): those committed, so up to a batch interval behind.
+        Raises :class:`~.logs.BadCursor` and :class:`~.logs.ReadTooSlow`."""
+        self._connection()  # opened: the file exists and has every column
+        return await asyncio.to_thread(read_page, self.path, query)
 
     def _query(self, query: str, params: tuple[object, ...]) -> list[Any]:
         with self._db_lock:

@@ -1,4 +1,5 @@
-"""Spend reads: ``GET /v1/spend`` for the calling tenant, ``GET /admin/spend`` for any tenant (admin key)."""
+"""Spend reads: ``GET /v1/spend`` for the calling tenant, ``GET /admin/spend`` for any tenant (admin key), and
+their single requests, ``GET /v1/spend/logs`` and ``GET /admin/spend/logs``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.spend_logs import CURSOR, LIMIT, SINCE, UNTIL, spend_logs
 from spillgate.gateway.tenancy.tenants import ANONYMOUS
 
 _HOURS = Query(default=1.0, gt=0, le=24, description="how far back the series goes")
@@ -21,10 +23,23 @@ def spend_router(state: GatewayState) -> APIRouter:
     async def own_spend(request: Request, hours: float = _HOURS, bucket_s: int = _BUCKET) -> dict[str, Any]:
         """The caller's own spend today and this month, its limits and rate usage, and a recent series.
         There is no parameter naming a tenant: the key decides, so nobody reads another tenant's spend."""
-        tenant = state.tenants.authenticate(request.headers.get("authorization"))
-        if tenant.name == ANONYMOUS:
-            raise ApiError(401, "Spend is per tenant: pass a tenant key.", code="invalid_api_key")
-        return await _tenant_report(state, tenant.name, hours, bucket_s)
+        return await _tenant_report(state, _own_tenant(state, request), hours, bucket_s)
+
+    @router.get("/v1/spend/logs")
+    async def own_logs(
+        request: Request,
+        route: str | None = None,
+        user: str | None = None,
+        since: str | None = SINCE,
+        until: str | None = UNTIL,
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
+    ) -> dict[str, Any]:
+        """The caller's own requests, newest first, a page at a time; no parameter names a tenant."""
+        tenant = _own_tenant(state, request)
+        return await spend_logs(
+            state, tenant=tenant, route=route, user=user, since=since, until=until, limit=limit, cursor=cursor
+        )
 
     @router.get("/admin/spend")
     async def any_spend(
@@ -38,7 +53,32 @@ def spend_router(state: GatewayState) -> APIRouter:
         reports = await state.accountant.spend_all(limits)
         return {"degraded": state.accountant.degraded, "tenants": [r.to_dict() for r in reports]}
 
+    @router.get("/admin/spend/logs")
+    async def any_logs(
+        request: Request,
+        tenant: str | None = None,
+        route: str | None = None,
+        user: str | None = None,
+        since: str | None = SINCE,
+        until: str | None = UNTIL,
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
+    ) -> dict[str, Any]:
+        """Every tenant's requests (or one tenant's), newest first, a page at a time, for operators."""
+        state.tenants.authenticate_admin(request.headers.get("authorization"))
+        return await spend_logs(
+            state, tenant=tenant, route=route, user=user, since=since, until=until, limit=limit, cursor=cursor
+        )
+
     return router
+
+
+def _own_tenant(state: GatewayState, request: Request) -> str:
+    """The tenant of the request's key: the only one its spend endpoints read."""
+    tenant = state.tenants.authenticate(request.headers.get("authorization"))
+    if tenant.name == ANONYMOUS:
+        raise ApiError(401, "Spend is per tenant: pass a tenant key.", code="invalid_api_key")
+    return tenant.name
 
 
 async def _tenant_report(state: GatewayState, name: str, hours: float, bucket_s: int) -> dict[str, Any]:
