@@ -97,7 +97,10 @@ class BackendRegistry:
         backend.last_error = reason
         if unreachable:
             # Until a probe says otherwise: the process may be gone, there is no point waiting for a breaker.
-            backend.unhealthy_until = time.monotonic() + self._interval_s * self._unhealthy_after
+            now = time.monotonic()
+            if backend.healthy and now >= backend.unhealthy_until:  # a change of state: said once
+                log.warning("%s %s is unreachable: out of rotation (%s)", backend.kind, backend.name, reason)
+            backend.unhealthy_until = now + self._interval_s * self._unhealthy_after
             if backend.kind == "replica":
                 backend.healthy = False
         if backend.kind != "replica":
@@ -122,7 +125,7 @@ class BackendRegistry:
         """``backend`` answered a request properly: its failures in a row end, a half-open trial passes."""
         if backend.kind == "replica":
             if backend.breaker.state == "half_open":
-                log.info("replica %s passed its trial request: back in rotation", backend.name)
+                log.warning("replica %s passed its trial request: back in rotation", backend.name)
             backend.breaker.succeeded()
 
     def dispatched(self, backend: Backend) -> bool:
@@ -213,7 +216,7 @@ class BackendRegistry:
         if backend.generation_failed:
             return  # alive, but it generated nothing in its last check: out until a check passes
         if not backend.healthy:
-            log.info("replica %s is healthy again", backend.name)
+            log.warning("replica %s is healthy again: back in rotation", backend.name)
         backend.lost_connection = False
         backend.consecutive_failures = 0
         backend.healthy = True

@@ -7,7 +7,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -20,27 +22,34 @@ from spillgate.gateway.capacity.api import capacity_report, capacity_router, pub
 from spillgate.gateway.control.admin import admin_router
 from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
 from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.observability.access_log import AccessLog
 from spillgate.gateway.observability.dashboard import dashboard_router
+from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
 from spillgate.gateway.openapi import install_openapi
-from spillgate.gateway.serving.exchange import Receive, Scope, Send
+from spillgate.gateway.serving.exchange import Receive, Scope, Send, header
 from spillgate.gateway.serving.handler import CompletionsHandler
+from spillgate.gateway.serving.observer import RequestObserver
 from spillgate.gateway.serving.slots import InFlightLimit, ReadingBudget
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.spend_api import spend_router
-from spillgate.gateway.tenancy.tenants import require_metrics_token
+from spillgate.gateway.tenancy.tenants import Tenant, require_metrics_token
 
 log = logging.getLogger("spillgate.gateway")
 
 
 class GatewayApp:
-    """ASGI entry point. The dispatch is one dict lookup, so the hot path pays nothing for the rest."""
+    """ASGI entry point. The dispatch is one dict lookup, so the hot path pays nothing for the rest.
 
-    def __init__(self, state: GatewayState) -> None:
+    ``access_log``: where each request's line goes (default: standard output); it runs while the app does."""
+
+    def __init__(self, state: GatewayState, *, access_log: AccessLog | None = None) -> None:
         self.state = state
+        self.access_log = access_log or AccessLog(lambda: state.config.logging.format)
+        self.observer = RequestObserver(state, self.access_log)
         slots = InFlightLimit(lambda: state.config.limits.max_in_flight)
         reading = ReadingBudget(lambda: state.config.limits.max_reading_body_bytes)
-        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading)
-        completions = CompletionsHandler(state, "/v1/completions", slots, reading)
+        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading, self.observer)
+        completions = CompletionsHandler(state, "/v1/completions", slots, reading, self.observer)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
             "/v1/chat/completions": chat,
@@ -48,18 +57,88 @@ class GatewayApp:
             "/v1/completions": completions,
             "/v1/completions/": completions,
         }
-        self._control = build_control_app(state)
+        self._control = build_control_app(state, self.access_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._hot.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None:
+        if scope["type"] != "http":
             await self._control(scope, receive, send)
+            return
+        handler = self._hot.get(scope["path"])
+        if handler is None:
+            await self._serve_control(scope, receive, send)
             return
         try:
             await handler(scope, receive, send)
         except Exception:
             log.exception("unhandled error on %s", scope["path"])
             await _send_internal_error(send)
+
+    async def _serve_control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Everything but generation, through FastAPI; its status and error code noted for the access log."""
+        started = time.perf_counter()
+        answer = _Answer()
+
+        async def watched(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answer.status = message["status"]
+            elif answer.status >= 400 and not answer.code and message["type"] == "http.response.body":
+                answer.code = _error_code(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self._control(scope, receive, watched)
+        finally:
+            self.observer.answered(
+                scope["method"],
+                scope["path"],
+                answer.status,
+                started,
+                request_id=_client_request_id(scope),
+                trace_id=trace_id_of(client_trace(scope["headers"])),
+                error_code=answer.code,
+                tenant=_caller(self.state, scope),
+            )
+
+    def connection_refused(self, status: int, code: str) -> None:
+        """The connection guard answered a request itself (too many connections, headers too slow, not HTTP)."""
+        self.observer.answered("", "", status, time.perf_counter(), error_code=code)
+
+
+class _Answer:
+    """What the control app answered: its status and, for an error, its ``code``."""
+
+    __slots__ = ("code", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.code = ""
+
+
+def _error_code(body: bytes) -> str:
+    """The ``code`` of an OpenAI error body; ``""`` for anything else."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else ""
+
+
+def _client_request_id(scope: Scope) -> str:
+    given = header(scope, b"x-request-id")
+    return given if given and len(given) <= 128 and given.isascii() and given.isprintable() else ""
+
+
+def _caller(state: GatewayState, scope: Scope) -> str:
+    """Whose key the request carried: a tenant's name, ``admin``, or ``""`` (none, or not a key of this gateway)."""
+    authorization = header(scope, b"authorization")
+    if authorization is None:
+        return ""
+    try:
+        caller = state.tenants.authenticate_any(authorization)
+    except ApiError:
+        return ""
+    return caller.name if isinstance(caller, Tenant) else "admin"
 
 
 def _degraded(state: GatewayState) -> dict[str, bool]:
@@ -82,14 +161,18 @@ async def _send_internal_error(send: Send) -> None:
         pass  # the response had already started; the client sees a cut-off stream
 
 
-def build_control_app(state: GatewayState) -> FastAPI:
+def build_control_app(state: GatewayState, access_log: AccessLog | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.start()
+        if access_log is not None:
+            access_log.start()
         try:
             yield
         finally:
             await state.stop()
+            if access_log is not None:
+                access_log.stop()
 
     # Starlette's own trailing-slash redirect names the client's Host header as the target: see slash_redirect.
     app = FastAPI(title="spillgate", lifespan=lifespan, docs_url="/docs", redoc_url=None, redirect_slashes=False)

@@ -87,13 +87,16 @@ def run(args: argparse.Namespace) -> int:
         _print_banner(config, path, host, port, replica_urls, hosted_urls)
         # Everything built so far lives as long as the process: keep it out of every GC pass.
         gc.freeze()
+        app = GatewayApp(state)
         server = uvicorn.Server(
             uvicorn.Config(
-                GatewayApp(state),
+                app,
                 host=host,
                 port=port,
                 loop="uvloop",
-                http=guarded_protocol(config.timeouts.client_headers_s, config.limits.max_connections_per_client),
+                http=guarded_protocol(
+                    config.timeouts.client_headers_s, config.limits.max_connections_per_client, app.connection_refused
+                ),
                 log_level=args.log_level,
                 access_log=False,
                 timeout_graceful_shutdown=5,

@@ -397,6 +397,18 @@ class MetricsConfig(Strict):
         return self
 
 
+class LoggingConfig(Strict):
+    """The access log: one structured line per request, every endpoint, on standard output. Live-editable."""
+
+    access_log: bool = Field(default=True, description="one line per request, written off the request's path")
+    format: Literal["json", "logfmt"] = Field(default="json", description="json: one object per line; logfmt")
+    include_prompt: bool = Field(
+        default=False,
+        description="add each generation request's prompt (chat messages, or a completion's prompt) to its line: "
+        "what users wrote lands in the log",
+    )
+
+
 class CapacityConfig(Strict):
     """How the gateway sizes each pool from what it measures (``GET /capacity``, ``spillgate_recommended_replicas``):
     replicas for the recent peak with headroom, one more on sustained pressure, never fewer than ``min_replicas``.
@@ -483,6 +495,7 @@ class GatewayConfig(Strict):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
     metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
     capacity: CapacityConfig = CapacityConfig()
     prefix: PrefixConfig = PrefixConfig()
     state: StateConfig = StateConfig()

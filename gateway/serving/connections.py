@@ -5,14 +5,15 @@ sends its headers a byte at a time: each such socket is held as long as its clie
 uvicorn's own httptools protocol with two additions, closes a connection whose request headers have not all
 arrived within ``header_timeout_s`` of its first byte (or of connecting), and refuses a client address more
 than ``max_connections_per_client`` connections at once (429, then closed); what its parser refuses is answered
-in OpenAI's error shape like everything else. Request bodies have their own
-deadline where they are read (:func:`gateway.serving.exchange.read_body`).
+in OpenAI's error shape like everything else, and told to ``refused`` (the access log and the refusal count).
+Request bodies have their own deadline where they are read (:func:`gateway.serving.exchange.read_body`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -30,7 +31,17 @@ def _raw_response(status: bytes, body: bytes) -> bytes:
     )
 
 
-def guarded_protocol(header_timeout_s: float, max_connections_per_client: int) -> type[HttpToolsProtocol]:
+Refused = Callable[[int, str], None]
+"""Told the status and error code of each answer the guard gives itself."""
+
+
+def _nobody(status: int, code: str) -> None:
+    pass
+
+
+def guarded_protocol(
+    header_timeout_s: float, max_connections_per_client: int, refused: Refused = _nobody
+) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a header deadline and a per-address cap (0: no cap), for ``http=``.
 
     One class per server, so the connection counts belong to it rather than to the module."""
@@ -47,6 +58,7 @@ def guarded_protocol(header_timeout_s: float, max_connections_per_client: int) -
                 if open_per_client[address] >= max_connections_per_client:
                     transport.write(_raw_response(b"429 Too Many Requests", _TOO_MANY))
                     transport.close()
+                    refused(429, "too_many_connections")
                     return
                 open_per_client[address] += 1
                 self._counted = address
@@ -78,6 +90,7 @@ def guarded_protocol(header_timeout_s: float, max_connections_per_client: int) -
             """A request the HTTP parser refuses gets OpenAI's error shape too, not uvicorn's plain text."""
             self.transport.write(_raw_response(b"400 Bad Request", _MALFORMED))
             self.transport.close()
+            refused(400, "invalid_http")
 
         def _arm_header_deadline(self) -> None:
             if self._header_deadline is None:
@@ -93,6 +106,7 @@ def guarded_protocol(header_timeout_s: float, max_connections_per_client: int) -
             if not self.transport.is_closing():
                 if self.cycle is None or self.cycle.response_complete:
                     self.transport.write(_raw_response(b"408 Request Timeout", _TIMED_OUT))
+                    refused(408, "request_timeout")
                 self.transport.close()
 
     return GuardedProtocol

@@ -12,6 +12,7 @@ from spillgate.backends.backend import Backend
 from spillgate.backends.hosted import Price
 from spillgate.gateway.dispatch.prefix import Fingerprint
 from spillgate.gateway.errors import ApiError
+from spillgate.gateway.observability.trace_context import TraceHeaders
 from spillgate.gateway.serving.slots import READING_FULL_MESSAGE, ReadingBudget
 from spillgate.gateway.tenancy.tenants import Tenant
 from spillgate.policies.types import RouteRequest, Snapshot
@@ -70,6 +71,17 @@ class Attempt:
     decided_from: tuple[RouteRequest, Snapshot, str] | None = None
     """What the policy chose from, and what it chose: kept (immutable, so free to keep) for judging the
     prediction once the first token is in, off the hot path."""
+    status: int = 0
+    """The status sent to the client; 0 until the answer starts."""
+    error_code: str = ""
+    """The ``code`` of the error answered, or of the in-band error event that ended a stream."""
+    refused: bool = False
+    """The gateway wrote its error answer itself (a refusal, or its own 5xx when no backend could answer), rather
+    than passing on a backend's verdict about the request."""
+    client_trace: TraceHeaders = ()
+    """The client's ``traceparent`` and ``tracestate``, checked (:mod:`gateway.observability.trace_context`)."""
+    upstream_trace: TraceHeaders = ()
+    """What the backend is sent of them: the client's, or with tracing on its upstream span's."""
 
 
 class DisconnectWatcher:
@@ -185,8 +197,16 @@ def response_headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[
 
 
 async def send_error(send: Send, attempt: Attempt, error: ApiError) -> None:
+    """Answer with ``error``, which the gateway wrote itself (the attempt counts as refused)."""
+    attempt.status, attempt.error_code, attempt.refused = error.status, error.code or "", True
     headers = response_headers(attempt, JSON_HEADERS) + [(k.encode(), v.encode()) for k, v in error.headers.items()]
     await send_json(send, error.status, headers, error.body())
+
+
+async def send_answer(send: Send, attempt: Attempt, status: int, base: list[tuple[bytes, bytes]], body: bytes) -> None:
+    """Answer whole with a backend's ``status`` and ``body``, the request's own headers added."""
+    attempt.status = status
+    await send_json(send, status, response_headers(attempt, base), body)
 
 
 async def send_json(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

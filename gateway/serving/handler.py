@@ -8,9 +8,12 @@ upstream that serves each kind of backend (:mod:`gateway.serving.replica`, :mod:
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
-from spillgate.gateway.errors import ApiError
+from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.observability.trace_context import client_trace
 from spillgate.gateway.serving.admission import Admission
 from spillgate.gateway.serving.exchange import (
     JSON_HEADERS,
@@ -26,10 +29,15 @@ from spillgate.gateway.serving.exchange import (
 )
 from spillgate.gateway.serving.forwarding import Forwarder
 from spillgate.gateway.serving.hosted import HostedUpstream
+from spillgate.gateway.serving.observer import RequestObserver
 from spillgate.gateway.serving.replica import ReplicaUpstream
 from spillgate.gateway.serving.slots import OVERLOADED, InFlightLimit, ReadingBudget
 from spillgate.gateway.serving.upstream import Upstream
 from spillgate.gateway.state import GatewayState
+
+log = logging.getLogger("spillgate.gateway")
+
+_INTERNAL_ERROR = error_body(500, "The gateway hit an internal error; it has been logged.", code="internal_error")
 
 
 def upstreams(state: GatewayState) -> dict[str, Upstream]:
@@ -49,22 +57,38 @@ class CompletionsHandler:
         upstream_path: str,
         slots: InFlightLimit,
         reading: ReadingBudget,
+        observer: RequestObserver,
     ) -> None:
         self._state = state
         self._slots = slots
         self._reading = reading
+        self._observer = observer
         self.admission = Admission(state, chat=upstream_path.endswith("chat/completions"))
         self.forwarder = Forwarder(state, upstream_path, upstreams(state))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         attempt = Attempt(request_id=request_id(scope), started=time.perf_counter())
+        attempt.client_trace = attempt.upstream_trace = client_trace(scope["headers"])
+        payload: dict[str, Any] | None = None
+        try:
+            payload = await self._serve(scope, receive, send, attempt)
+        except Exception:
+            log.exception("unhandled error on %s", scope["path"])
+            if not attempt.status:
+                attempt.status, attempt.error_code, attempt.refused = 500, "internal_error", True
+                await send_json(send, 500, list(JSON_HEADERS), _INTERNAL_ERROR)
+        finally:
+            self._observer.finished(scope["method"], scope["path"], attempt, payload)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, attempt: Attempt) -> dict[str, Any] | None:
+        """Answer the request; returns its parsed body if it was admitted (the access log may show its prompt)."""
         if scope["method"] != "POST":
             await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
-            return
+            return None
         state = self._state
         try:
             # The key first, then the whole body (within its deadline), and only then a slot.
-            tenant = state.tenants.authenticate(header(scope, b"authorization"))
+            attempt.tenant = tenant = state.tenants.authenticate(header(scope, b"authorization"))
             body = await read_body(
                 scope, receive, state.config.limits.max_body_bytes, state.config.timeouts.client_body_s, self._reading
             )
@@ -72,17 +96,19 @@ class CompletionsHandler:
             # The body is not read (or not all of it): the connection cannot carry another request.
             error.headers["connection"] = "close"
             await send_error(send, attempt, error)
-            return
+            return None
         if not self._slots.try_take():
             state.metrics.overloaded.inc()
+            attempt.status, attempt.error_code, attempt.refused = 503, "overloaded", True
             await send_json(send, 503, [*JSON_HEADERS, (b"retry-after", b"1")], OVERLOADED)
-            return
+            return None
         try:
             try:
                 admitted = await self.admission.admit(tenant, body, attempt)
             except ApiError as error:
                 await send_error(send, attempt, error)
-                return
+                return None
             await self.forwarder.forward(admitted, attempt, receive, send)
+            return admitted.parsed.payload
         finally:
             self._slots.give_back()

@@ -16,7 +16,7 @@ import httpx
 
 from spillgate.backends.hosted import HostedCompletion, HostedError, HostedModel
 from spillgate.gateway.errors import ApiError
-from spillgate.gateway.serving.exchange import JSON_HEADERS, TryElsewhere, response_headers, send_json
+from spillgate.gateway.serving.exchange import JSON_HEADERS, TryElsewhere, send_answer
 from spillgate.gateway.serving.relay import send_event_error, start_stream
 from spillgate.gateway.serving.upstream import UpstreamCall
 
@@ -57,7 +57,7 @@ class HostedUpstream:
             attempt.usage = result.usage.to_openai() if result.usage else None
             attempt.cost_usd = result.cost_usd
             ticket.reported(attempt.usage)
-            await send_json(send, 200, response_headers(attempt, JSON_HEADERS), result.body)
+            await send_answer(send, attempt, 200, JSON_HEADERS, result.body)
             return "ok"
         try:
             events = aiter(result)
@@ -74,7 +74,7 @@ class HostedUpstream:
                 async for chunk in events:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except HostedError as exc:
-                await send_event_error(send, _api_error(exc, name))
+                await send_event_error(send, attempt, _api_error(exc, name))
                 return "error"
             await send({"type": "http.response.body", "body": b""})
             attempt.usage = result.usage.to_openai() if result.usage else None

@@ -25,7 +25,7 @@ from spillgate.gateway.serving.exchange import (
     Send,
     TryElsewhere,
     response_headers,
-    send_json,
+    send_answer,
 )
 from spillgate.gateway.serving.sse import EventRelay, InvalidEvent, carries_text
 from spillgate.gateway.serving.upstream import UpstreamCall
@@ -40,11 +40,13 @@ OnAnswer = Callable[[], None]
 
 
 async def start_stream(attempt: Attempt, send: Send) -> None:
+    attempt.status = 200
     await send({"type": "http.response.start", "status": 200, "headers": response_headers(attempt, SSE_HEADERS)})
 
 
-async def send_event_error(send: Send, error: ApiError) -> None:
+async def send_event_error(send: Send, attempt: Attempt, error: ApiError) -> None:
     """End a stream whose headers are gone with an error event."""
+    attempt.error_code = error.code or ""
     await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n", "more_body": False})
 
 
@@ -64,7 +66,7 @@ async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure,
     attempt.usage = usage if isinstance(usage, dict) else None
     call.ticket.reported(attempt.usage)
     answered()
-    await send_json(call.send, response.status, response_headers(attempt, JSON_HEADERS), body)
+    await send_answer(call.send, attempt, response.status, JSON_HEADERS, body)
     return "ok"
 
 
@@ -94,7 +96,7 @@ async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure
         error = failed(exc)
         if not started:
             raise TryElsewhere(error, retryable=True) from None
-        await send_event_error(send, error)
+        await send_event_error(send, attempt, error)
         return "error"
     if not started:
         await start_stream(attempt, send)
@@ -111,7 +113,7 @@ async def relay_client_error(call: UpstreamCall, response: Response) -> str:
     except HttpError:
         body = b""
     body = as_openai_error(body, response.status, call.ticket.backend)
-    await send_json(call.send, response.status, response_headers(call.attempt, JSON_HEADERS), body)
+    await send_answer(call.send, call.attempt, response.status, JSON_HEADERS, body)
     return "client_error"
 
 

@@ -1,0 +1,95 @@
+"""What every answer leaves behind besides itself: its access-log line.
+
+Called once per request when its answer has ended (or its client went), from the generation handler, the
+control app's wrapper (:mod:`gateway.app`) and the connection guard (:mod:`gateway.serving.connections`). It
+only hands values over: the line is formatted and written off the request's path
+(:mod:`gateway.observability.access_log`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spillgate.gateway.observability.access_log import AccessLog, AccessRecord
+from spillgate.gateway.observability.trace_context import trace_id_of
+from spillgate.gateway.serving.exchange import Attempt
+from spillgate.gateway.state import GatewayState
+
+CLIENT_CLOSED = 499
+"""The status logged for a request whose client went before any answer (nginx's convention)."""
+
+
+def _shown(name: str) -> str:
+    return "" if name == "-" else name
+
+
+class RequestObserver:
+    """Turns finished requests into access-log records; the app owns the access log it feeds."""
+
+    def __init__(self, state: GatewayState, access: AccessLog) -> None:
+        self._state = state
+        self.access = access
+
+    def finished(self, method: str, path: str, attempt: Attempt, payload: dict[str, Any] | None) -> None:
+        """A generation request ended: ``payload`` is its parsed body, when it got that far."""
+        if not self.access.running:
+            return
+        settings = self._state.config.logging
+        if not settings.access_log:
+            return
+        now = time.perf_counter()
+        prompt = None
+        if settings.include_prompt and payload is not None:
+            prompt = payload.get("messages", payload.get("prompt"))
+        self.access.submit(
+            AccessRecord(
+                time=time.time(),
+                request_id=attempt.request_id,
+                method=method,
+                path=path,
+                status=attempt.status or CLIENT_CLOSED,
+                duration_s=now - attempt.started,
+                error_code=attempt.error_code,
+                tenant=attempt.tenant.name if attempt.tenant is not None else "",
+                route=_shown(attempt.route),
+                backend=_shown(attempt.backend),
+                reason=_shown(attempt.reason),
+                outcome=attempt.outcome if attempt.served_by is not None or attempt.outcome != "error" else "refused",
+                trace_id=trace_id_of(attempt.client_trace),
+                stream=attempt.stream,
+                usage=attempt.usage,
+                ttft_s=attempt.first_token_at - attempt.started if attempt.first_token_at else None,
+                cost_usd=attempt.cost_usd,
+                prompt=prompt,
+            )
+        )
+
+    def answered(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        started: float,
+        *,
+        request_id: str = "",
+        trace_id: str = "",
+        error_code: str = "",
+        tenant: str = "",
+    ) -> None:
+        """A request outside the generation path ended (the control app, or one refused with its connection)."""
+        if not self.access.running or not self._state.config.logging.access_log:
+            return
+        self.access.submit(
+            AccessRecord(
+                time=time.time(),
+                request_id=request_id,
+                trace_id=trace_id,
+                method=method,
+                path=path,
+                status=status or CLIENT_CLOSED,
+                duration_s=time.perf_counter() - started,
+                error_code=error_code,
+                tenant=tenant,
+            )
+        )
