@@ -25,6 +25,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+from .failures import FailureRow, read_failures
 from .idle_worker import IdleWorker
 from .inflight import InFlight
 from .journal import Journal
@@ -58,9 +59,11 @@ _INDEXES = """
 CREATE INDEX IF NOT EXISTS entries_by_time ON entries (time);
 CREATE INDEX IF NOT EXISTS entries_by_tenant ON entries (tenant, time);
 CREATE INDEX IF NOT EXISTS entries_outbox ON entries (time) WHERE shipped = 0;
+CREATE INDEX IF NOT EXISTS entries_failed ON entries (time, tenant) WHERE outcome != 'ok';
 """
 """By time (retention, restart totals, every tenant's logs newest first); by tenant and time (one tenant's logs,
-:mod:`.logs`). SQLite keeps each row's rowid in every index, so both also order by (time, rowid)."""
+:mod:`.logs`). SQLite keeps each row's rowid in every index, so both also order by (time, rowid). The outbox
+and the failures (:mod:`.failures`) are partial indexes: only the few rows they hold."""
 _COLUMNS = (*[f for f in ENTRY_FIELDS if f != "entry_id"], "entry_id")
 _ROW_FIELDS = attrgetter(*_COLUMNS)
 _ENTRY_ID = len(_COLUMNS) - 1
@@ -322,6 +325,11 @@ class Ledger:
         Raises :class:`~.logs.BadCursor` and :class:`~.logs.ReadTooSlow`."""
         self._connection()  # opened: the file exists and has every column
         return await asyncio.to_thread(read_page, self.path, query)
+
+    async def failures(self, since: float, bucket_s: int, tenant: str | None = None) -> list[FailureRow]:
+        """Entries whose outcome is not ``ok`` since ``since``, per bucket, tenant and outcome (:mod:`.failures`)."""
+        self._connection()
+        return await asyncio.to_thread(read_failures, self.path, since, bucket_s, tenant)
 
     def _query(self, query: str, params: tuple[object, ...]) -> list[Any]:
         with self._db_lock:

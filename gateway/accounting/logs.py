@@ -17,7 +17,7 @@ import binascii
 import math
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,22 +103,28 @@ def decode_cursor(cursor: str) -> tuple[float, int]:
     raise BadCursor(cursor)
 
 
-def read_page(path: Path, query: LogQuery, *, timeout_s: float = READ_TIMEOUT_S) -> LogPage:
-    """One page of ``query`` from the ledger file at ``path`` (blocking: run it on a thread)."""
-    sql, params = _statement(query)
+def read(path: Path, sql: str, params: Sequence[object], *, timeout_s: float = READ_TIMEOUT_S) -> list[Any]:
+    """The rows of one ``SELECT`` on the ledger file at ``path``, on a connection of its own that cannot
+    write, interrupted past ``timeout_s`` (:class:`ReadTooSlow`). Blocking: run it on a thread."""
     db = sqlite3.connect(path, check_same_thread=False)
     try:
         db.execute("PRAGMA query_only=1")
         db.execute("PRAGMA busy_timeout=5000")
         db.set_progress_handler(_deadline(timeout_s), 10_000)
         try:
-            found = db.execute(sql, params).fetchall()
+            return db.execute(sql, params).fetchall()
         except sqlite3.OperationalError as exc:
             if "interrupted" in str(exc):
                 raise ReadTooSlow(f"reading the ledger took over {timeout_s:g} s") from None
             raise
     finally:
         db.close()
+
+
+def read_page(path: Path, query: LogQuery) -> LogPage:
+    """One page of ``query`` from the ledger file at ``path`` (blocking: run it on a thread)."""
+    sql, params = _statement(query)
+    found = read(path, sql, params)
     rows = [_row(values) for values in found[: query.limit]]
     more = len(found) > query.limit
     last = found[query.limit - 1] if more else None

@@ -1,4 +1,5 @@
-"""The cost ledger as the dashboard reads it: spend per bucket and kind, and this month's totals."""
+"""The cost ledger as the dashboard reads it: spend per bucket and kind, this month's totals, the latest
+requests, and the failed ones per bucket."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from typing import Any
 
 from spillgate.gateway.accounting import Accountant
+from spillgate.gateway.accounting.logs import LogQuery
 
 
 class LedgerSpend:
@@ -38,3 +40,15 @@ class LedgerSpend:
             "hosted_equivalent_usd": sum(m.total.hosted_equivalent_usd for m in months),
             "requests": sum(m.total.requests for m in months),
         }
+
+    async def recent(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The latest ``limit`` requests, newest first, as ``/admin/spend/logs`` lists them (every tenant's
+        when ``tenant`` is None)."""
+        page = await self._accountant.ledger.logs(LogQuery(tenant=tenant, limit=limit))
+        return page.rows
+
+    async def failures(self, tenant: str | None, bucket_s: int, since_s: float) -> list[dict[str, Any]]:
+        """Rows ``{"t", "tenant", "outcome", "requests"}``: requests whose outcome was not ``ok``, per bucket
+        (every tenant's when ``tenant`` is None)."""
+        found = await self._accountant.ledger.failures(since_s, bucket_s, tenant)
+        return [{"t": t, "tenant": name, "outcome": outcome, "requests": n} for t, name, outcome, n in found]

@@ -1,7 +1,7 @@
 """The dashboard's data for one caller. Scoping is decided here, once: an admin sees every figure; a
-tenant sees its own spend (from the ledger, the only per-tenant source) and fleet health that carries no
-tenant's data: latency percentiles, cache hit rates and replica load, without request or token counts,
-and without the replicas of pools dedicated to other tenants."""
+tenant sees its own spend, failures and latest requests (from the ledger, the only per-tenant source), its
+own refusals, and fleet health that carries no tenant's data: latency percentiles, cache hit rates and
+replica load, without request or token counts, and without the replicas of pools dedicated to other tenants."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from spillgate.gateway.capacity.api import capacity_report, report_json
 from spillgate.gateway.observability.dashboard import panels
 from spillgate.gateway.observability.dashboard.ledger import SpendLedger, spend_panel
+from spillgate.gateway.observability.dashboard.requests import failures_panel, recent_panel
 from spillgate.gateway.observability.dashboard.samples import Samples
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Admin, Tenant
@@ -52,6 +53,11 @@ async def dashboard_data(
         "refresh_s": REFRESH_S,
         "viewer": {"role": "admin"} if admin else {"role": "tenant", "tenant": viewer.name},
         "ledger": await spend_panel(ledger_of(state), tenant, window_s=window_s, bucket_s=bucket_s, now=now),
+        "errors": {
+            "ledger": await failures_panel(ledger_of(state), tenant, window_s=window_s, bucket_s=bucket_s, now=now),
+            "refusals": panels.refusals(samples, tenant),
+        },
+        "recent": await recent_panel(ledger_of(state), tenant),
         "latency": {
             "ttft": panels.latency(samples, "spillgate_ttft_seconds", backends, counts=admin),
             "tpot": panels.latency(samples, "spillgate_tpot_seconds", backends, counts=admin),

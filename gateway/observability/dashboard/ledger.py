@@ -16,7 +16,9 @@ PERIODS = frozenset({"day", "month", "year", "all"})
 
 
 class SpendLedger(Protocol):
-    """What the dashboard reads from ``state.spend``. Either method may also be a coroutine function."""
+    """What the dashboard reads from ``state.spend``. Either method may also be a coroutine function. Two
+    more are optional, for the panels of single requests (:mod:`.requests`): ``recent(tenant, limit)`` and
+    ``failures(tenant, bucket_s, since_s)``."""
 
     def series(self, tenant: str | None, bucket_s: int, since_s: float) -> list[dict[str, Any]]:
         """Rows ``{"t", "tenant", "kind", "usd", "hosted_equivalent_usd"}``, one per bucket (``t``: epoch
@@ -30,12 +32,14 @@ class SpendLedger(Protocol):
         ...
 
 
-async def _call(method: Any, *args: Any) -> Any:
+async def call_maybe_async(method: Any, *args: Any) -> Any:
+    """``method(*args)``, awaited when it is a coroutine function: a ledger may answer either way."""
     result = method(*args)
     return await result if inspect.isawaitable(result) else result
 
 
-def _number(value: Any) -> float:
+def finite(value: Any) -> float:
+    """``value`` as a float; ``ValueError`` for NaN and infinities, which no ledger figure may be."""
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"not a finite number: {value!r}")
@@ -47,12 +51,12 @@ def _row(raw: dict[str, Any]) -> dict[str, Any]:
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
     return {
-        "t": _number(raw["t"]),
+        "t": finite(raw["t"]),
         "tenant": str(raw["tenant"]),
         "kind": kind,
-        "usd": _number(raw["usd"]),
+        "usd": finite(raw["usd"]),
         # None, not 0, when the ledger does not say: a missing baseline must not read as a loss.
-        "hosted_equivalent_usd": _number(raw["hosted_equivalent_usd"]) if "hosted_equivalent_usd" in raw else None,
+        "hosted_equivalent_usd": finite(raw["hosted_equivalent_usd"]) if "hosted_equivalent_usd" in raw else None,
     }
 
 
@@ -92,8 +96,8 @@ async def spend_panel(
         return {"configured": False, "message": NOT_CONFIGURED}
     since = math.floor((now - window_s) / bucket_s) * bucket_s
     try:
-        rows = [_row(r) for r in await _call(ledger.series, tenant, bucket_s, since)]
-        raw_totals = await _call(ledger.totals, tenant)
+        rows = [_row(r) for r in await call_maybe_async(ledger.series, tenant, bucket_s, since)]
+        raw_totals = await call_maybe_async(ledger.totals, tenant)
         totals, period = _flat_totals(raw_totals), _period(raw_totals)
     except Exception as exc:  # the ledger's failure is the panel's, not the whole page's
         log.exception("dashboard: reading the cost ledger failed")

@@ -45,6 +45,20 @@ def requests_by_reason(samples: Samples, kinds: Mapping[str, str]) -> Panel:
     return {"rows": ordered, "total": sum(cells.values())}
 
 
+REFUSALS = "spillgate_refusals_total"
+
+
+def refusals(samples: Samples, tenant: str | None) -> Panel:
+    """``sum by (status, code) (spillgate_refusals_total)``: requests answered with an error before any backend
+    had them (a bad key or body, a limit, no capacity), which the ledger never sees; only ``tenant``'s when
+    given (counted under its name only with ``metrics.tenant_labels``)."""
+    where = None if tenant is None else (lambda labels: labels.get("tenant") == tenant)
+    cells = samples.sum_by(REFUSALS, "status", "code", where=where)
+    rows = [{"status": status, "code": code, "requests": n} for (status, code), n in cells.items() if n]
+    rows.sort(key=lambda r: (-r["requests"], r["status"], r["code"]))
+    return {"rows": rows, "total": sum(r["requests"] for r in rows)}
+
+
 def spend(samples: Samples) -> Panel:
     """``spillgate_spend_usd_total`` summed by kind, by tenant label and by route."""
     name = "spillgate_spend_usd_total"

@@ -34,8 +34,9 @@ function niceStep(max, count) {
   return step || raw;
 }
 
-function yAxis(chart, max, top, bottom, left, right, format) {
-  const step = niceStep(max, 4);
+/** `whole`: counts, so ticks are whole numbers. */
+function yAxis(chart, max, top, bottom, left, right, format, whole = false) {
+  const step = whole ? Math.ceil(niceStep(max, 4)) : niceStep(max, 4);
   const top_value = Math.max(step, Math.ceil(max / step - 1e-9) * step);
   for (let v = 0; v <= top_value + step / 2; v += step) {
     const y = bottom - (v / top_value) * (bottom - top);
@@ -110,13 +111,14 @@ function timeAxis(chart, start, end, left, right, bottom) {
   }
 }
 
-/** Stacked columns over time: buckets [{t, values: {key: number}}] evenly spaced by `step` seconds. */
-export function timeColumns(name, buckets, series, { format, start, end, step }) {
+/** Stacked columns over time: buckets [{t, values: {key: number}}] evenly spaced by `step` seconds; `whole`
+ * for counts. */
+export function timeColumns(name, buckets, series, { format, start, end, step, whole = false }) {
   const height = 220;
   const [top, bottom, left, right] = [12, height - 30, 64, WIDTH - 20];
   const chart = root(name, height);
   const sums = buckets.map((b) => series.reduce((s, k) => s + (b.values[k.key] || 0), 0));
-  const max = yAxis(chart, Math.max(...sums, 0) || 1e-9, top, bottom, left, right, format);
+  const max = yAxis(chart, Math.max(...sums, 0) || 1e-9, top, bottom, left, right, format, whole);
   const slots = Math.max(1, Math.ceil((end - start) / step));
   const w = (right - left) / slots;
   for (const b of buckets) {

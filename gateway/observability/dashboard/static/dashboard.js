@@ -325,6 +325,77 @@ function renderRequests(data) {
     }))));
 }
 
+const OUTCOME_COLORS = {
+  error: PALETTE[7], client_error: PALETTE[3], client_disconnected: PALETTE[2], gateway_killed: PALETTE[4],
+};
+
+/** Requests that failed after reaching a backend (the ledger, over the window) and refusals (the metrics). */
+function renderErrors(data) {
+  const l = data.errors.ledger;
+  const r = data.errors.refusals;
+  const parts = [];
+  if (!l.configured || l.error) {
+    parts.push(message(l.message || l.error));
+  } else {
+    const outcomes = Object.keys(l.by_outcome);
+    const series = outcomes.map((key, i) => ({ key, name: key, color: OUTCOME_COLORS[key] || PALETTE[(i + 5) % PALETTE.length] }));
+    const g = grid(l);
+    const buckets = Array.from({ length: g.count }, (_, i) => ({ t: g.start(i), values: {} }));
+    for (const row of l.series) {
+      const values = buckets[g.slot(row.t)].values;
+      values[row.outcome] = (values[row.outcome] || 0) + row.requests;
+    }
+    parts.push(
+      el("div", { class: "stats" },
+        stat("failed in window", l.total, "count", "errors.window.total"),
+        ...outcomes.map((key) => stat(key, l.by_outcome[key], "count", `errors.outcome.${key}`))),
+      l.total
+        ? el("div", {}, heading(`failed after reaching a backend, per ${l.bucket_s} s`),
+          timeColumns("errors-time", buckets, series, { format: count, start: l.since, end: g.end, step: l.bucket_s, whole: true }),
+          legend(series))
+        : message("no failed request in the window"));
+  }
+  parts.push(heading("refused before any backend, since the gateway started"));
+  parts.push(r.rows.length
+    ? table(["status", "code", "requests"], r.rows.map((row) => ({
+      cells: [row.status, row.code || "-", cell(row.requests, "count", `refusals.${row.status}.${row.code}`)],
+    })))
+    : message("no refusals counted"));
+  fill("panel-errors", ...parts);
+}
+
+/** The latest requests from the ledger, newest first. */
+function renderRecent(data) {
+  const rc = data.recent;
+  if (!rc.configured || rc.error) return fill("panel-recent", message(rc.message || rc.error));
+  if (!rc.rows.length) return fill("panel-recent", message("no request booked yet"));
+  const admin = data.viewer.role === "admin";
+  const headers = ["time", "request id", ...(admin ? ["tenant"] : []), "route", "backend", "user", "outcome",
+    "prompt", "cached", "output", "cost"];
+  const rows = rc.rows.map((row) => {
+    const tr = el("tr", { "data-request-id": row.request_id, class: row.outcome === "ok" ? "" : "failed" },
+      el("td", {}, new Date(row.time * 1000).toLocaleTimeString()),
+      el("td", { class: "id" }, row.request_id),
+      ...(admin ? [el("td", {}, row.tenant)] : []),
+      el("td", {}, row.route),
+      el("td", {}, row.backend),
+      el("td", { class: "user" }, row.user ?? "-"),
+      el("td", { class: "outcome" }, row.outcome),
+      // The viewer's own requests: named apart from the fleet's token counts, which tenants never see.
+      cell(row.prompt_tokens, "count", `recent.${row.id}.prompt`),
+      cell(row.cached_tokens, "count", `recent.${row.id}.cached`),
+      cell(row.completion_tokens, "count", `recent.${row.id}.output`),
+      cell(row.cost_usd, "usd", `recent.${row.id}.cost`));
+    return tr;
+  });
+  const head = el("tr", {}, ...headers.map((h) => el("th", {}, h)));
+  fill("panel-recent",
+    el("table", { class: "recent" }, el("thead", {}, head), el("tbody", {}, ...rows)),
+    el("p", { class: "muted" }, admin
+      ? "Every tenant's latest requests; GET /admin/spend/logs pages through all of them."
+      : "Your latest requests; GET /v1/spend/logs pages through all of them."));
+}
+
 function renderSlo(data) {
   const rows = data.slo;
   if (!rows) return fill("panel-slo", message(data.restricted));
@@ -404,6 +475,8 @@ function render(data) {
   renderLatency("panel-ttft", "ttft", data.latency.ttft, admin);
   renderLatency("panel-tpot", "tpot", data.latency.tpot, admin);
   renderRequests(data);
+  renderErrors(data);
+  renderRecent(data);
   renderSlo(data);
   renderCache(data);
   renderLoad(data);
