@@ -74,6 +74,22 @@ class GatewayMetrics:
             ("backend",),
             registry=self.registry,
         )
+        self.refusals = Counter(
+            "spillgate_refusals",
+            "Error answers the gateway wrote itself, by status and error code (empty when the answer has none): every "
+            "refusal (401, 403, 404, 413, 422, 429, 503, ...) on every endpoint, and its own 502/504 when no backend "
+            "could answer. A backend's own verdict on a request (its 4xx), passed on, is not counted. tenant is the "
+            "key's tenant with metrics.tenant_labels (empty when the key was not known), else all.",
+            ("status", "code", "tenant"),
+            registry=self.registry,
+        )
+        self.output_tokens = Counter(
+            "spillgate_output_tokens",
+            "Output tokens, as each backend reported them in the answer's usage (completion_tokens), by backend and "
+            "route.",
+            ("backend", "route"),
+            registry=self.registry,
+        )
         self.overloaded = Counter(
             "spillgate_overloaded",
             "Completions refused with 503 because limits.max_in_flight requests were already in flight.",

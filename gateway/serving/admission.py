@@ -9,12 +9,14 @@ OpenAI's shape.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
 from spillgate.gateway.accounting import QuotaExceeded, Reservation
 from spillgate.gateway.control.routes import Route
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.serving.exchange import Attempt
+from spillgate.gateway.serving.rate_headers import rate_limit_headers
 from spillgate.gateway.serving.validation import ParsedRequest, parse_chat_request, parse_completion_request
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Tenant
@@ -129,7 +131,25 @@ class Admission:
         attempt: Attempt,
     ) -> tuple[Decision, Reservation | None]:
         """Hold the request's worst case against the tenant's limits before anything is sent. Past a hosted
-        budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429."""
+        budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429. The
+        answer, or the refusal, tells a tenant with per-minute limits where it stands (OpenAI's headers)."""
+        tenant = attempt.tenant
+        try:
+            return await self._within_limits(parsed, request, route, targets, decision, attempt)
+        finally:
+            if tenant is not None and (tenant.limits.requests_per_minute or tenant.limits.tokens_per_minute):
+                usage = self._state.accountant.local.rate_usage(tenant.name, tenant.limits, time.time())
+                attempt.rate_limits = rate_limit_headers(usage)
+
+    async def _within_limits(
+        self,
+        parsed: ParsedRequest,
+        request: RouteRequest,
+        route: Route,
+        targets: tuple[str, ...],
+        decision: Decision,
+        attempt: Attempt,
+    ) -> tuple[Decision, Reservation | None]:
         tenant = attempt.tenant
         if tenant is None or tenant.limits.unlimited:
             # Nothing to reserve, but a stream cut off before its usage came is booked at this worst case.

@@ -82,6 +82,9 @@ class Attempt:
     """The client's ``traceparent`` and ``tracestate``, checked (:mod:`gateway.observability.trace_context`)."""
     upstream_trace: TraceHeaders = ()
     """What the backend is sent of them: the client's, or with tracing on its upstream span's."""
+    rate_limits: tuple[tuple[bytes, bytes], ...] = ()
+    """OpenAI's ``x-ratelimit-*`` headers for a tenant with per-minute limits, once it was charged
+    (:mod:`gateway.serving.rate_headers`)."""
 
 
 class DisconnectWatcher:
@@ -193,6 +196,8 @@ def response_headers(attempt: Attempt, base: list[tuple[bytes, bytes]]) -> list[
     ]
     if attempt.prefix_source:
         headers.append((b"x-spillgate-prefix-source", attempt.prefix_source.encode()))
+    if attempt.rate_limits:
+        headers += attempt.rate_limits
     return headers
 
 

@@ -75,6 +75,8 @@ class Forwarder:
                     break
         assert error is not None
         await send_error(send, attempt, error)
+        # Below 500 the error is a backend's verdict on the request (a provider's 400 or 429), only passed on.
+        attempt.refused = error.status >= 500
         return "error"
 
     async def _attempt(self, admitted: Admitted, attempt: Attempt, backend: Backend, send: Send, *, first: bool) -> str:

@@ -1,4 +1,5 @@
-"""What every answer leaves behind besides itself: its access-log line.
+"""What every answer leaves behind besides itself: its access-log line, the count of the refusal it was, the
+output tokens it carried.
 
 Called once per request when its answer has ended (or its client went), from the generation handler, the
 control app's wrapper (:mod:`gateway.app`) and the connection guard (:mod:`gateway.serving.connections`). It
@@ -12,6 +13,7 @@ import time
 from typing import Any
 
 from spillgate.gateway.observability.access_log import AccessLog, AccessRecord
+from spillgate.gateway.observability.metrics import ALL_TENANTS
 from spillgate.gateway.observability.trace_context import trace_id_of
 from spillgate.gateway.serving.exchange import Attempt
 from spillgate.gateway.state import GatewayState
@@ -25,7 +27,7 @@ def _shown(name: str) -> str:
 
 
 class RequestObserver:
-    """Turns finished requests into access-log records; the app owns the access log it feeds."""
+    """Counts and logs finished requests; the app owns the access log it feeds."""
 
     def __init__(self, state: GatewayState, access: AccessLog) -> None:
         self._state = state
@@ -33,6 +35,15 @@ class RequestObserver:
 
     def finished(self, method: str, path: str, attempt: Attempt, payload: dict[str, Any] | None) -> None:
         """A generation request ended: ``payload`` is its parsed body, when it got that far."""
+        metrics = self._state.metrics
+        if attempt.refused:
+            tenant = attempt.tenant.name if attempt.tenant is not None else ""
+            metrics.refusals.labels(str(attempt.status), attempt.error_code, self._tenant_label(tenant)).inc()
+        usage = attempt.usage
+        if usage is not None and attempt.served_by is not None:
+            output = usage.get("completion_tokens")
+            if isinstance(output, int) and output > 0:
+                metrics.output_tokens.labels(attempt.backend, attempt.route).inc(output)
         if not self.access.running:
             return
         settings = self._state.config.logging
@@ -77,7 +88,10 @@ class RequestObserver:
         error_code: str = "",
         tenant: str = "",
     ) -> None:
-        """A request outside the generation path ended (the control app, or one refused with its connection)."""
+        """A request outside the generation path ended (the control app, or one refused with its connection): all
+        its error answers are the gateway's own."""
+        if status >= 400:
+            self._state.metrics.refusals.labels(str(status), error_code, self._tenant_label(tenant)).inc()
         if not self.access.running or not self._state.config.logging.access_log:
             return
         self.access.submit(
@@ -93,3 +107,7 @@ class RequestObserver:
                 tenant=tenant,
             )
         )
+
+    def _tenant_label(self, tenant: str) -> str:
+        """Spend and refusals are labelled by tenant only where ``metrics.tenant_labels`` allows it."""
+        return tenant if self._state.config.metrics.tenant_labels else ALL_TENANTS
