@@ -30,3 +30,12 @@ async def radix_cache(replica: ReplicaDep) -> OrjsonResponse:
             "namespaces": namespaces,
         }
     )
+
+
+@router.get("/sim/passes")
+async def passes(replica: ReplicaDep) -> OrjsonResponse:
+    """Where the replica's simulated time went since it started (:mod:`backends.sim.pass_counters`): prefill
+    passes against decode steps, and how many running requests each prefill kept waiting; ``now`` is the
+    simulated clock, so a caller reading twice can tell busy time from idle time."""
+    scheduler = replica.scheduler
+    return OrjsonResponse({"now": scheduler.now(), **scheduler.passes.to_json()})

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from spillgate.backends.sim import timing
 from spillgate.backends.sim.clock import VirtualClock
+from spillgate.backends.sim.pass_counters import PassCounters
 from spillgate.backends.sim.presets import Preset
 from spillgate.backends.sim.radix_cache import RadixCache
 from spillgate.backends.sim.request import SimRequest
@@ -108,6 +109,8 @@ class Scheduler:
         self._last_hit_rate = 0.0
         self._decode_log: deque[tuple[float, int]] = deque()
         self._num_retracted = 0
+        self.passes = PassCounters()
+        """Where simulated time went (``/sim/passes``); written here only."""
 
     # lifecycle ---------------------------------------------------------------------------------
 
@@ -352,6 +355,8 @@ class Scheduler:
         start = max([self._now] + [item.req.arrival for item in items])
         duration = timing.prefill_seconds(self.preset, ((item.extend, item.prefix) for item in items))
         await self.clock.sleep_until(start)
+        self.passes.late(start - self._now, len(self._running))
+        self.passes.prefill(duration, sum(item.extend for item in items), len(items), len(self._running))
         self._now = start + duration
         self._prefilling = [item.req for item in items if item.prefix + item.extend >= item.req.fill_len]
         planned = self._plan_ahead(joins_running=True)
@@ -391,7 +396,9 @@ class Scheduler:
         for req in self._running:
             req.kv_len += 1
         batch = self._running
-        duration = timing.decode_seconds(self.preset, len(batch), sum(req.kv_len for req in batch))
+        context = sum(req.kv_len for req in batch)
+        duration = timing.decode_seconds(self.preset, len(batch), context)
+        self.passes.decode(duration, len(batch), context)
         self._now += duration
         planned = self._plan_ahead(joins_running=False)
         await self.clock.sleep_until(self._now)
