@@ -25,6 +25,7 @@ from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.observability.access_log import AccessLog
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
+from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.openapi import install_openapi
 from spillgate.gateway.serving.exchange import Receive, Scope, Send, header
 from spillgate.gateway.serving.handler import CompletionsHandler
@@ -40,16 +41,20 @@ log = logging.getLogger("spillgate.gateway")
 class GatewayApp:
     """ASGI entry point. The dispatch is one dict lookup, so the hot path pays nothing for the rest.
 
-    ``access_log``: where each request's line goes (default: standard output); it runs while the app does."""
+    ``access_log``: where each request's line goes (default: standard output); it runs while the app does.
+    ``tracing``: the generation requests' traces (default: off)."""
 
-    def __init__(self, state: GatewayState, *, access_log: AccessLog | None = None) -> None:
+    def __init__(
+        self, state: GatewayState, *, access_log: AccessLog | None = None, tracing: Tracing | None = None
+    ) -> None:
         self.state = state
         self.access_log = access_log or AccessLog(lambda: state.config.logging.format)
         self.observer = RequestObserver(state, self.access_log)
+        self.tracing = tracing or Tracing()
         slots = InFlightLimit(lambda: state.config.limits.max_in_flight)
         reading = ReadingBudget(lambda: state.config.limits.max_reading_body_bytes)
-        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading, self.observer)
-        completions = CompletionsHandler(state, "/v1/completions", slots, reading, self.observer)
+        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading, self.observer, self.tracing)
+        completions = CompletionsHandler(state, "/v1/completions", slots, reading, self.observer, self.tracing)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
             "/v1/chat/completions": chat,

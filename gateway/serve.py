@@ -25,6 +25,7 @@ from spillgate.gateway.control.config import (
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.plugins import PluginError, load_plugins
 from spillgate.gateway.control.secrets import MissingSecret
+from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.connections import guarded_protocol
 from spillgate.gateway.state import build_state
 from spillgate.gateway.supervisor import ChildProcesses, free_port
@@ -87,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         _print_banner(config, path, host, port, replica_urls, hosted_urls)
         # Everything built so far lives as long as the process: keep it out of every GC pass.
         gc.freeze()
-        app = GatewayApp(state)
+        tracing = Tracing.from_environment()
+        if tracing.on:
+            print("  traces: OpenTelemetry, as the OTEL_* environment variables say", flush=True)
+        app = GatewayApp(state, tracing=tracing)
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _exit_on_signal)
         with contextlib.suppress(KeyboardInterrupt, SystemExit):
             server.run()
+        tracing.shutdown()
         return 0 if server.started else 1
     finally:
         children.stop_all()

@@ -88,9 +88,14 @@ def _wants_usage(payload: Mapping[str, Any]) -> bool:
 
 
 async def complete(
-    model: HostedModel, payload: Mapping[str, Any], *, http: httpx.AsyncClient | None = None
+    model: HostedModel,
+    payload: Mapping[str, Any],
+    *,
+    http: httpx.AsyncClient | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> HostedCompletion | HostedStream:
-    """Send ``payload`` (an OpenAI chat-completion body) to ``model``; raises HostedError.
+    """Send ``payload`` (an OpenAI chat-completion body) to ``model``; raises HostedError. ``headers`` go to the
+    provider too: the gateway's own (W3C ``traceparent``), never a client's.
 
     A streaming request returns as soon as the provider has answered with headers; the HostedStream
     then yields its events as they come (iterate it to the end or ``aclose()`` it). The cost is known
@@ -98,6 +103,8 @@ async def complete(
     to OpenAI-compatible providers skip litellm (:mod:`backends.hosted.direct`).
     """
     arguments = request_arguments(model, payload)
+    if headers:
+        arguments["extra_headers"] = dict(headers)
     try:
         async with asyncio.timeout(model.timeout_s):
             if http is not None and relays_directly(model):

@@ -75,7 +75,11 @@ async def _send(
 ) -> httpx.Response:
     body = {key: value for key, value in arguments.items() if key not in _LITELLM_ONLY}
     body["model"] = model.litellm_model.removeprefix(_PREFIX)
-    headers = {"content-type": "application/json", "accept": "text/event-stream" if stream else "application/json"}
+    headers = {
+        **arguments.get("extra_headers", {}),
+        "content-type": "application/json",
+        "accept": "text/event-stream" if stream else "application/json",
+    }
     if model.api_key:
         headers["authorization"] = f"Bearer {model.api_key}"
     url = (model.api_base or OPENAI_API_BASE).rstrip("/") + "/chat/completions"
@@ -125,5 +129,8 @@ class Events:
                 await self._response.aclose()
 
 
-_LITELLM_ONLY = frozenset({"api_base", "api_key", "timeout", "num_retries", "max_retries", "drop_params", "model"})
-"""litellm's own arguments among :func:`~backends.hosted.client.request_arguments`: never sent upstream."""
+_LITELLM_ONLY = frozenset(
+    {"api_base", "api_key", "timeout", "num_retries", "max_retries", "drop_params", "model", "extra_headers"}
+)
+"""litellm's own arguments among :func:`~backends.hosted.client.request_arguments` (and the headers
+:func:`~backends.hosted.client.complete` adds): never sent in the body."""

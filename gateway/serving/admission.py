@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from spillgate.gateway.accounting import QuotaExceeded, Reservation
 from spillgate.gateway.control.routes import Route
 from spillgate.gateway.errors import ApiError
+from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.exchange import Attempt
 from spillgate.gateway.serving.rate_headers import rate_limit_headers
 from spillgate.gateway.serving.validation import ParsedRequest, parse_chat_request, parse_completion_request
@@ -43,8 +44,9 @@ class Admitted:
 class Admission:
     """Admits requests to one endpoint (chat or plain completions)."""
 
-    def __init__(self, state: GatewayState, *, chat: bool) -> None:
+    def __init__(self, state: GatewayState, tracing: Tracing, *, chat: bool) -> None:
         self._state = state
+        self._tracing = tracing
         self._chat = chat
         self._parse = parse_chat_request if chat else parse_completion_request
 
@@ -97,7 +99,10 @@ class Admission:
         registry = self._state.registry
         snapshot = registry.snapshot(targets, attempt.prefix_tokens)
         try:
-            decision = route.policy.decide(request, snapshot)
+            with self._tracing.phase("decision") as span:
+                decision = route.policy.decide(request, snapshot)
+                if span is not None:
+                    span.set_attributes({"spillgate.backend": decision.backend, "spillgate.reason": decision.reason})
         except Unservable as exc:
             raise ApiError(
                 400, f"'{route.name}' cannot serve this request: {exc}.", code="unservable_request"

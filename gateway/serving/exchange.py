@@ -82,6 +82,8 @@ class Attempt:
     """The client's ``traceparent`` and ``tracestate``, checked (:mod:`gateway.observability.trace_context`)."""
     upstream_trace: TraceHeaders = ()
     """What the backend is sent of them: the client's, or with tracing on its upstream span's."""
+    trace_id: str = ""
+    """The request's trace while tracing is on (:mod:`gateway.observability.tracing`)."""
     rate_limits: tuple[tuple[bytes, bytes], ...] = ()
     """OpenAI's ``x-ratelimit-*`` headers for a tenant with per-minute limits, once it was charged
     (:mod:`gateway.serving.rate_headers`)."""

@@ -14,10 +14,13 @@ import logging
 import time
 from collections.abc import Mapping
 
+from opentelemetry.trace import Span
+
 from spillgate.backends.backend import Backend
 from spillgate.gateway.accounting.bookkeeping import book_dispatch, book_ledger, price_cut_off, record_outcome
 from spillgate.gateway.dispatch.retry_budget import jittered_backoff
 from spillgate.gateway.errors import ApiError
+from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.admission import Admitted
 from spillgate.gateway.serving.exchange import Attempt, DisconnectWatcher, Receive, Send, TryElsewhere, send_error
 from spillgate.gateway.serving.upstream import Upstream, UpstreamCall
@@ -33,11 +36,12 @@ tenant's TTFT target, if shorter)."""
 class Forwarder:
     """Forwards one endpoint's admitted requests to ``path`` on their backends."""
 
-    def __init__(self, state: GatewayState, path: str, upstreams: Mapping[str, Upstream]) -> None:
+    def __init__(self, state: GatewayState, path: str, upstreams: Mapping[str, Upstream], tracing: Tracing) -> None:
         self._state = state
         self._path = path
         self._upstreams = upstreams
         """The upstream that serves each kind of backend."""
+        self._tracing = tracing
 
     async def forward(self, admitted: Admitted, attempt: Attempt, receive: Receive, send: Send) -> None:
         """Serve the request and close its books, whether it is answered, fails, or the client goes away."""
@@ -89,7 +93,7 @@ class Forwarder:
             lead = state.dispatcher.shared_prefill(backend, attempt.fingerprint, attempt.matched_blocks)
             if lead is not None:
                 state.metrics.prefill_waits.labels(backend.name).inc()
-                with contextlib.suppress(TimeoutError):
+                with self._tracing.phase("hold", cause="shared_prefill"), contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(lead), _longest_wait(attempt))
         attempt.first_token_at = 0.0
         attempt.usage = None
@@ -107,20 +111,38 @@ class Forwarder:
         with ticket:
             if ticket.held:
                 state.metrics.prompt_holds.labels(backend.name).inc()
-                await ticket.wait_turn(_longest_wait(attempt))  # booked, but not named until sent
+                with self._tracing.phase("hold", cause="prefill_queue"):
+                    await ticket.wait_turn(_longest_wait(attempt))  # booked, but not named until sent
             attempt.backend = backend.name
             if attempt.fingerprint is not None and not backend.hosted:
                 attempt.prefix_source = state.prefix.source(backend.name)
             attempt.served_by = backend
             attempt.reason = admitted.decision.reason if first else "fallback"
             attempt.sent_at = ticket.sent_at
-            outcome = await upstream.serve(UpstreamCall(parsed, attempt, ticket, send, self._path))
+            with self._tracing.phase("upstream") as span:
+                outcome = await self._serve(upstream, UpstreamCall(parsed, attempt, ticket, send, self._path), span)
             if outcome == "ok":
                 tpot = ticket.done(attempt.usage, streamed=attempt.stream)
                 if tpot is not None:
                     attempt.tpot_s = tpot
                     state.metrics.tpot.labels(backend.name).observe(tpot)
             return outcome
+
+    async def _serve(self, upstream: Upstream, call: UpstreamCall, span: Span | None) -> str:
+        """Send the attempt; with tracing on, its backend is told the upstream span as its parent, and the span
+        gets a ``first_token`` child from sending to the first token."""
+        attempt = call.attempt
+        if span is None:
+            return await upstream.serve(call)
+        span.set_attribute("spillgate.backend", attempt.backend)
+        attempt.upstream_trace = self._tracing.outgoing()
+        try:
+            outcome = await upstream.serve(call)
+            span.set_attribute("spillgate.outcome", outcome)
+            return outcome
+        finally:
+            if attempt.first_token_at:
+                self._tracing.interval("first_token", attempt.sent_at, attempt.first_token_at)
 
     async def _may_fall_back(self, backend: Backend, attempt_number: int) -> bool:
         """Whether the next candidate may take a request the previous one failed, after a jittered wait: not if it

@@ -14,6 +14,7 @@ from typing import Any
 
 from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.observability.trace_context import client_trace
+from spillgate.gateway.observability.tracing import RequestTrace, Tracing
 from spillgate.gateway.serving.admission import Admission
 from spillgate.gateway.serving.exchange import (
     JSON_HEADERS,
@@ -29,7 +30,7 @@ from spillgate.gateway.serving.exchange import (
 )
 from spillgate.gateway.serving.forwarding import Forwarder
 from spillgate.gateway.serving.hosted import HostedUpstream
-from spillgate.gateway.serving.observer import RequestObserver
+from spillgate.gateway.serving.observer import CLIENT_CLOSED, RequestObserver
 from spillgate.gateway.serving.replica import ReplicaUpstream
 from spillgate.gateway.serving.slots import OVERLOADED, InFlightLimit, ReadingBudget
 from spillgate.gateway.serving.upstream import Upstream
@@ -58,17 +59,24 @@ class CompletionsHandler:
         slots: InFlightLimit,
         reading: ReadingBudget,
         observer: RequestObserver,
+        tracing: Tracing,
     ) -> None:
         self._state = state
         self._slots = slots
         self._reading = reading
         self._observer = observer
-        self.admission = Admission(state, chat=upstream_path.endswith("chat/completions"))
-        self.forwarder = Forwarder(state, upstream_path, upstreams(state))
+        self._tracing = tracing
+        self.admission = Admission(state, tracing, chat=upstream_path.endswith("chat/completions"))
+        self.forwarder = Forwarder(state, upstream_path, upstreams(state), tracing)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         attempt = Attempt(request_id=request_id(scope), started=time.perf_counter())
         attempt.client_trace = attempt.upstream_trace = client_trace(scope["headers"])
+        traced: RequestTrace | None = None
+        if self._tracing.on:
+            name = f"{scope['method']} {scope['path']}"
+            traced = self._tracing.start_request(name, attempt.client_trace, _request_attributes(scope, attempt))
+            attempt.trace_id = Tracing.trace_id(traced)
         payload: dict[str, Any] | None = None
         try:
             payload = await self._serve(scope, receive, send, attempt)
@@ -79,6 +87,8 @@ class CompletionsHandler:
                 await send_json(send, 500, list(JSON_HEADERS), _INTERNAL_ERROR)
         finally:
             self._observer.finished(scope["method"], scope["path"], attempt, payload)
+            if traced is not None:
+                self._tracing.end_request(traced, _answer_attributes(attempt), failed=attempt.status >= 500)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, attempt: Attempt) -> dict[str, Any] | None:
         """Answer the request; returns its parsed body if it was admitted (the access log may show its prompt)."""
@@ -104,7 +114,8 @@ class CompletionsHandler:
             return None
         try:
             try:
-                admitted = await self.admission.admit(tenant, body, attempt)
+                with self._tracing.phase("admission"):
+                    admitted = await self.admission.admit(tenant, body, attempt)
             except ApiError as error:
                 await send_error(send, attempt, error)
                 return None
@@ -112,3 +123,40 @@ class CompletionsHandler:
             return admitted.parsed.payload
         finally:
             self._slots.give_back()
+
+
+def _request_attributes(scope: Scope, attempt: Attempt) -> dict[str, Any]:
+    return {
+        "http.request.method": scope["method"],
+        "url.path": scope["path"],
+        "spillgate.request_id": attempt.request_id,
+    }
+
+
+def _answer_attributes(attempt: Attempt) -> dict[str, Any]:
+    """What the request span says of the answer (OpenTelemetry's HTTP and generative-AI names where they exist)."""
+    attributes: dict[str, Any] = {
+        "http.response.status_code": attempt.status or CLIENT_CLOSED,
+        "spillgate.outcome": attempt.outcome,
+        "spillgate.stream": attempt.stream,
+    }
+    if attempt.error_code:
+        attributes["error.type"] = attempt.error_code
+    if attempt.tenant is not None:
+        attributes["spillgate.tenant"] = attempt.tenant.name
+    if attempt.route != "-":
+        attributes["gen_ai.request.model"] = attempt.route
+    if attempt.served_by is not None:
+        attributes["spillgate.backend"] = attempt.backend
+        attributes["spillgate.reason"] = attempt.reason
+    usage = attempt.usage or {}
+    for name, key in _USAGE_ATTRIBUTES:
+        if isinstance(usage.get(key), int):
+            attributes[name] = usage[key]
+    return attributes
+
+
+_USAGE_ATTRIBUTES = (
+    ("gen_ai.usage.input_tokens", "prompt_tokens"),
+    ("gen_ai.usage.output_tokens", "completion_tokens"),
+)

@@ -49,7 +49,8 @@ class HostedUpstream:
         attempt, ticket, send = call.attempt, call.ticket, call.send
         name = ticket.backend.name
         try:
-            result = await complete(self._models()[name], call.parsed.payload, http=self._http)
+            trace = {key.decode(): value.decode() for key, value in attempt.upstream_trace}
+            result = await complete(self._models()[name], call.parsed.payload, http=self._http, headers=trace)
         except HostedError as exc:
             raise _try_elsewhere(exc, name) from None
         if isinstance(result, HostedCompletion):

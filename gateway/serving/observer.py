@@ -67,7 +67,7 @@ class RequestObserver:
                 backend=_shown(attempt.backend),
                 reason=_shown(attempt.reason),
                 outcome=attempt.outcome if attempt.served_by is not None or attempt.outcome != "error" else "refused",
-                trace_id=trace_id_of(attempt.client_trace),
+                trace_id=attempt.trace_id or trace_id_of(attempt.client_trace),
                 stream=attempt.stream,
                 usage=attempt.usage,
                 ttft_s=attempt.first_token_at - attempt.started if attempt.first_token_at else None,

@@ -60,9 +60,10 @@ class ReplicaUpstream:
             # Always learn the usage; the relay strips that chunk if the client did not ask for it.
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
         try:
-            response = await self._client.post(
-                backend.base_url, call.path, orjson.dumps(payload), backend.request_headers
-            )
+            headers = backend.request_headers
+            if call.attempt.upstream_trace:
+                headers += call.attempt.upstream_trace  # the client's trace, or this gateway's span in it
+            response = await self._client.post(backend.base_url, call.path, orjson.dumps(payload), headers)
         except HttpError as exc:
             # Nothing reached the client: a timeout may still be generating, but closing the connection aborts it.
             raise TryElsewhere(self._failed(backend, exc), retryable=True) from None
