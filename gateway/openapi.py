@@ -43,6 +43,7 @@ _COMMON: dict[str, Any] = {
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    "user": {"type": "string", "maxLength": 256, "description": "The end user, kept with the request's spend."},
 }
 
 _MESSAGE = {

@@ -100,6 +100,9 @@ def _traffic(url: str) -> dict[str, int]:
         reasons[reason] = reasons.get(reason, 0) + 1
     for client in clients.values():
         client.close()
+    # One refusal, so that the refusal series the dashboards chart exist.
+    refused = httpx.post(url + "/v1/chat/completions", headers={"authorization": "Bearer sk-wrong"}, json={})
+    assert refused.status_code == 401
     return reasons
 
 
