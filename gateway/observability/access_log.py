@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import sys
 import threading
 import time
@@ -62,13 +63,17 @@ class AccessRecord:
     """The prompt (chat ``messages`` or a completion's ``prompt``): only with ``logging.include_prompt``."""
 
 
-def fields(record: AccessRecord) -> dict[str, Any]:
+def fields(record: AccessRecord, timestamp: str) -> dict[str, Any]:
     """The line's fields, in a fixed order; numbers unknown for this request are ``None``."""
-    usage = record.usage or {}
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    usage = record.usage
+    prompt_tokens = cached = output = None
+    if usage:
+        prompt_tokens, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    ttft = record.ttft_s
     line: dict[str, Any] = {
-        "time": _timestamp(record.time),
+        "time": timestamp,
         "request_id": record.request_id,
         "trace_id": record.trace_id,
         "method": record.method,
@@ -81,10 +86,10 @@ def fields(record: AccessRecord) -> dict[str, Any]:
         "reason": record.reason,
         "outcome": record.outcome,
         "stream": record.stream,
-        "prompt_tokens": _count(usage.get("prompt_tokens")),
-        "cached_tokens": _count(cached),
-        "output_tokens": _count(usage.get("completion_tokens")),
-        "ttft_ms": None if record.ttft_s is None else round(record.ttft_s * 1000, 3),
+        "prompt_tokens": prompt_tokens if type(prompt_tokens) is int else None,
+        "cached_tokens": cached if type(cached) is int else None,
+        "output_tokens": output if type(output) is int else None,
+        "ttft_ms": None if ttft is None else round(ttft * 1000, 3),
         "duration_ms": round(record.duration_s * 1000, 3),
         "cost_usd": record.cost_usd,
     }
@@ -93,42 +98,49 @@ def fields(record: AccessRecord) -> dict[str, Any]:
     return line
 
 
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+class Timestamps:
+    """RFC 3339 times in UTC with milliseconds; the last whole second's text is kept, lines coming many to a
+    second. Each writer has its own."""
+
+    __slots__ = ("_second", "_text")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self, epoch: float) -> str:
+        whole = int(epoch)
+        if whole != self._second:
+            self._second, self._text = whole, time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(whole))
+        return f"{self._text}{int((epoch - whole) * 1000):03d}Z"
 
 
-def _timestamp(epoch: float) -> str:
-    """RFC 3339 in UTC with milliseconds."""
-    whole = int(epoch)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{int((epoch - whole) * 1000):03d}Z"
+def json_line(record: AccessRecord, timestamp: str) -> bytes:
+    return orjson.dumps(fields(record, timestamp), default=str, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def json_line(record: AccessRecord) -> bytes:
-    return orjson.dumps(fields(record), default=str) + b"\n"
+_PLAIN = re.compile(r"[!#-<>-\[\]-~]+")
+"""A logfmt value written as it is: printable ASCII but for space, ``"``, ``=`` and backslash."""
 
 
-def logfmt_line(record: AccessRecord) -> bytes:
-    """``key=value`` pairs; a value with a space, ``=``, a quote or a control character is quoted."""
+def logfmt_line(record: AccessRecord, timestamp: str) -> bytes:
+    """``key=value`` pairs; a value with a space, ``=``, a quote or anything but printable ASCII is quoted as a JSON
+    string, an unknown one is empty."""
     parts = []
-    for key, value in fields(record).items():
-        parts.append(f"{key}={_logfmt_value(value)}")
+    for key, value in fields(record, timestamp).items():
+        if value is None or value == "":
+            parts.append(key + "=")
+        elif value is True or value is False:
+            parts.append(key + ("=true" if value else "=false"))
+        elif type(value) is int or type(value) is float:
+            parts.append(f"{key}={value!r}")
+        else:
+            text = value if type(value) is str else orjson.dumps(value, default=str).decode()
+            parts.append(f"{key}={text}" if _PLAIN.fullmatch(text) else f"{key}={orjson.dumps(text).decode()}")
     return (" ".join(parts) + "\n").encode()
 
 
-def _logfmt_value(value: object) -> str:
-    if value is None:
-        return ""
-    if value is True or value is False:
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    if text and all(c > " " and c not in '"=\\' and c.isprintable() for c in text):
-        return text
-    return orjson.dumps(text).decode()  # a JSON string: quoted, with quotes, backslashes and newlines escaped
-
-
-_FORMATTERS: dict[str, Callable[[AccessRecord], bytes]] = {"json": json_line, "logfmt": logfmt_line}
+_FORMATTERS: dict[str, Callable[[AccessRecord, str], bytes]] = {"json": json_line, "logfmt": logfmt_line}
 
 
 class AccessLog:
@@ -149,6 +161,7 @@ class AccessLog:
         self.lost = 0
         """Lines the output refused (the writer's thread counts them)."""
         self._reported = 0
+        self._timestamps = Timestamps()
 
     def submit(self, record: AccessRecord) -> None:
         """Queue ``record`` for the writer; dropped (and counted) when the writer is that far behind."""
@@ -197,7 +210,7 @@ class AccessLog:
         lines = []
         for record in records:
             try:
-                lines.append(formatter(record))
+                lines.append(formatter(record, self._timestamps(record.time)))
             except Exception:  # one odd value must not stop the log
                 log.exception("access log: could not format a record for %s", record.request_id)
         try:
