@@ -26,6 +26,13 @@ def _shown(name: str) -> str:
     return "" if name == "-" else name
 
 
+def _outcome(attempt: Attempt) -> str:
+    """The attempt's outcome; one that never reached a backend was refused, or its client went first."""
+    if attempt.served_by is not None or attempt.outcome != "error":
+        return attempt.outcome
+    return "refused" if attempt.status else "client_disconnected"
+
+
 class RequestObserver:
     """Counts and logs finished requests; the app owns the access log it feeds."""
 
@@ -66,7 +73,7 @@ class RequestObserver:
                 route=_shown(attempt.route),
                 backend=_shown(attempt.backend),
                 reason=_shown(attempt.reason),
-                outcome=attempt.outcome if attempt.served_by is not None or attempt.outcome != "error" else "refused",
+                outcome=_outcome(attempt),
                 trace_id=attempt.trace_id or trace_id_of(attempt.client_trace),
                 stream=attempt.stream,
                 usage=attempt.usage,
