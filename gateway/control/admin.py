@@ -1,4 +1,4 @@
-"""The admin API: the running config, its history, live edits and rollbacks. Admin keys only."""
+"""The admin API: the running config, its history, live edits, rollbacks and the file's word. Admin keys only."""
 
 from __future__ import annotations
 
@@ -28,9 +28,15 @@ def admin_router(state: GatewayState) -> APIRouter:
 
     @router.get("/config")
     async def get_config(request: Request) -> dict[str, Any]:
-        """The running config, secrets redacted: send it back edited with ``PUT``."""
+        """The running config, secrets redacted: send it back edited with ``PUT``. ``file`` compares it with the
+        config file: the edits the file lacks, and a file content not applied (and why)."""
         config, _ = live(request)
-        return {"version": config.current.version, "config": config.current.raw}
+        return {
+            "version": config.current.version,
+            "config": config.current.raw,
+            "file": config.file_status(),
+            "warnings": config.warnings,
+        }
 
     @router.put("/config")
     async def put_config(request: Request) -> Response:
@@ -42,7 +48,11 @@ def admin_router(state: GatewayState) -> APIRouter:
     @router.get("/config/history")
     async def history(request: Request) -> dict[str, Any]:
         config, _ = live(request)
-        return {"current": config.current.version, "versions": [v.summary() for v in config.history()]}
+        return {
+            "current": config.current.version,
+            "history": config.history_owner(),
+            "versions": [v.summary() for v in config.history()],
+        }
 
     @router.post("/config/rollback/{version}")
     async def rollback(version: int, request: Request) -> Response:
@@ -50,6 +60,12 @@ def admin_router(state: GatewayState) -> APIRouter:
         if config.version(version) is None:
             raise ApiError(404, f"There is no config version {version}.", param="version", code="version_not_found")
         return await _change(config.rollback(version, f"admin:{admin.key_id}", keeping_admin=admin.digest))
+
+    @router.post("/config/reload")
+    async def reload(request: Request) -> Response:
+        """Apply the config file as it is now, undoing the edits it lacks: the operator says the file wins."""
+        config, admin = live(request)
+        return await _change(config.reload(f"admin:{admin.key_id}"))
 
     return router
 
@@ -92,7 +108,7 @@ def _parse_body(body: bytes, content_type: str) -> object:
 
 
 def _refused(exc: ConfigError) -> Response:
-    """422 in OpenAI's error shape, plus every problem by field path."""
+    """422 in OpenAI's error shape, plus every problem by field path (``problems``), from every check."""
     problems = exc.problems or [("(config)", str(exc))]
     first_path = problems[0][0]
     message = f"The config was refused ({len(problems)} problem(s)); the running config is unchanged. "

@@ -1,13 +1,11 @@
-"""Config versions: what each was, who made it, what it changed, kept durably and shown without secrets."""
+"""Config versions: what each was, who made it, what it changed, shown without secrets."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from spillgate.gateway.control.secrets import ENV_PREFIX
@@ -27,7 +25,12 @@ class ConfigVersion:
     takes the secrets they hide from the running config."""
     diff: tuple[str, ...]
     file_sha: str | None = None
-    """The config file's digest when this version was made, to tell at start-up whether it changed since."""
+    """The digest of the config file this version was made from or on top of, to tell at start-up whether the
+    file changed since."""
+    file_raw: dict[str, Any] | None = None
+    """For a version made on top of the file (an admin edit, a rollback, a version adopted from the fleet): the
+    file's config (redacted) it was made on top of, so that what it changed there is known after a restart.
+    ``None`` for a version made from the file itself (``startup``, ``file``)."""
 
     def summary(self) -> dict[str, Any]:
         return {"version": self.version, "applied_at": self.applied_at, "author": self.author, "diff": list(self.diff)}
@@ -45,6 +48,7 @@ class ConfigVersion:
             raw=data["raw"],
             diff=tuple(data["diff"]),
             file_sha=data.get("file_sha"),
+            file_raw=data.get("file_raw"),
         )
 
 
@@ -52,39 +56,15 @@ def file_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class LocalHistory:
-    """Every version as one JSON line in a file only the gateway's user may read."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self.versions: list[ConfigVersion] = []
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    self.versions.append(ConfigVersion.from_json(line))
-
-    @property
-    def latest(self) -> ConfigVersion | None:
-        return self.versions[-1] if self.versions else None
-
-    def get(self, version: int) -> ConfigVersion | None:
-        return next((v for v in self.versions if v.version == version), None)
-
-    def append(self, version: ConfigVersion) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, (version.to_json() + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.versions.append(version)
-
-
 def new_version(
-    number: int, author: str, raw: dict[str, Any], previous: dict[str, Any] | None, file_sha: str | None
+    number: int,
+    author: str,
+    raw: dict[str, Any],
+    previous: dict[str, Any] | None,
+    file_sha: str | None,
+    file_raw: dict[str, Any] | None = None,
 ) -> ConfigVersion:
-    return ConfigVersion(number, time.time(), author, raw, tuple(diff(previous or {}, raw)), file_sha)
+    return ConfigVersion(number, time.time(), author, raw, tuple(diff(previous or {}, raw)), file_sha, file_raw)
 
 
 def redact(raw: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +166,7 @@ def _key_spec(spec: object) -> object:
 
 def diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """One line per changed leaf, secrets redacted: ``routes.0.policy: 'least_load' -> 'round_robin'``."""
-    before, after = _flatten(redact(old)), _flatten(redact(new))
+    before, after = flatten(redact(old)), flatten(redact(new))
     lines = []
     for path in sorted(before.keys() | after.keys()):
         if path not in after:
@@ -198,15 +178,31 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def change_summary(lines: tuple[str, ...] | list[str], limit: int = 8) -> str:
+    """A diff as its field paths and what happened to each, never a value (a log line must hold no secret):
+    ``2 change(s): pools.0.replicas.1 added, routes.0.policy changed``."""
+    if not lines:
+        return "no change"
+    parts = []
+    for line in lines[:limit]:
+        path, _, rest = line.partition(": ")
+        parts.append(
+            f"{path} {'added' if rest.startswith('added ') else 'removed' if rest.endswith(' removed') else 'changed'}"
+        )
+    more = f", and {len(lines) - limit} more" if len(lines) > limit else ""
+    return f"{len(lines)} change(s): {', '.join(parts)}{more}"
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a config by its field path (``routes.0.policy``); an empty mapping or list is a leaf."""
     if isinstance(value, dict) and value:
         out: dict[str, Any] = {}
         for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
     if isinstance(value, list) and value:
         out = {}
         for index, item in enumerate(value):
-            out.update(_flatten(item, f"{prefix}.{index}"))
+            out.update(flatten(item, f"{prefix}.{index}"))
         return out
     return {prefix: value}

@@ -1,11 +1,15 @@
 """Live policy edits: validate a new config, swap it in whole, keep every version, and share them.
 
 Edits arrive from the admin API, from the YAML file changing on disk, or (with Redis) from another
-gateway process. Each is validated in full first; a refused edit changes nothing. An accepted one becomes
-a numbered version: recorded durably, applied by swapping the state's catalog (requests already admitted
-finish under the version they started with), and with Redis published so that every process applies it.
-Settings the gateway can only take at start-up (listen address, state store, simulators) are refused
-with a message saying so.
+gateway process. Each is validated in full first (:mod:`config_checks`: every problem of every check); a
+refused edit changes nothing. An accepted one becomes a numbered version: recorded durably, applied by swapping
+the state's catalog (requests already admitted finish under the version they started with), and with Redis
+published so that every process applies it.
+
+The file and the admin API never silently undo each other (:mod:`file_drift`). The running config is the file's
+plus the edits made since it was applied; a new file content that would undo one of those edits is not applied:
+it is logged as an error and shown on ``/health`` until the file takes the edits in, or an admin says the file
+wins (``POST /admin/config/reload``). A restart follows the same rule, so an accepted edit survives it.
 """
 
 from __future__ import annotations
@@ -14,30 +18,33 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-import yaml
 
 from spillgate.backends.backend import Backend
 from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
-from spillgate.gateway.control.config import ConfigError, GatewayConfig, parse_config
+from spillgate.gateway.control.config import ConfigError, GatewayConfig
+from spillgate.gateway.control.config_checks import RESTART_ONLY, EditRules, check_edit
+from spillgate.gateway.control.config_file import FileContent, read_config_file
 from spillgate.gateway.control.config_history import (
     ConfigVersion,
     Destination,
-    LocalHistory,
-    file_digest,
+    change_summary,
     known_keys,
     new_version,
     redact,
     unredact,
 )
-from spillgate.gateway.control.egress import SecretBindings, env_problems, env_references, startup_hosts, url_problems
+from spillgate.gateway.control.egress import SecretBindings, env_references, startup_hosts
+from spillgate.gateway.control.file_drift import drift, shared, undone_by
+from spillgate.gateway.control.history_store import LocalHistory, owner_of, secrets_name
 from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.gateway.control.secret_store import SecretStore
 from spillgate.gateway.control.secrets import MissingSecret
 from spillgate.gateway.tasks import stop_if_cancelled
-from spillgate.gateway.tenancy.tenants import resolve_key
 
 
 class ConfigTarget(Protocol):
@@ -54,7 +61,6 @@ class ConfigTarget(Protocol):
 
 log = logging.getLogger("spillgate.config")
 
-_RESTART_ONLY = ("listen", "state", "prefix", "health", "timeouts", "secrets")
 _NEXT_VERSION = """
 local n = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[1])
@@ -67,6 +73,18 @@ return n
 """The fleet's version counter, raised past ``floor`` (the caller's latest) when it is behind."""
 _FILE_POLL_S = 1.0
 _REDIS_POLL_S = 0.25
+_SHOWN_PATHS = 8
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    """A file content the gateway read and did not apply, and why."""
+
+    sha: str
+    warning: str
+    """For ``/health``, which needs no key: counts and field paths, no values."""
+    detail: dict[str, Any]
+    """For the admin API: the edits it would undo, or every problem with its message."""
 
 
 class LiveConfig:
@@ -78,27 +96,38 @@ class LiveConfig:
         self._redis: aioredis.Redis | None = None
         self._refused = 0
         self._keys = f"{state.config.state.key_prefix}:config"
-        self._history = LocalHistory(Path(state.config.state.data_dir) / "config-history.jsonl")
         self._lock = asyncio.Lock()
-        self._file_sha = file_digest(path.read_text()) if path else None
+        content = read_config_file(path) if path else None
+        self._seen = content if content is not None and content.raw == raw else None
+        """The file as last read (``None``: not read yet, or changed since the process read it)."""
+        self._file_sha = self._seen.sha if self._seen else None
+        self._file_raw = redact(raw)
+        """The file content (digest, and config redacted) the running version was made from or on top of: what
+        it has beyond this are edits the file lacks."""
+        data_dir = Path(state.config.state.data_dir)
+        self._history = LocalHistory.open(data_dir, path, self._file_sha)
+        self._kept_keys = SecretStore(data_dir / secrets_name(owner_of(path)))
+        self._file_keys = known_keys(raw)
+        """The provider and replica keys the config file holds: those need not be kept apart."""
         self._startup_raw = raw
-        self._startup_hosts = startup_hosts(raw)
-        """Where the config at start sends requests: the hosts an edit may use unless ``secrets.upstream_hosts``
-        says otherwise."""
-        self._bindings = SecretBindings(raw, state.config.secrets.upstream_hosts, _provider_of)
-        self._startup_env = {name for _, name in env_references(raw)}
-        """The environment variables the config at start names: the only ones an edit may name, unless
-        ``secrets.env`` lists others."""
-        self._started = state.config
-        """The config this process started with: its simulated backends are the ones running, whatever version
-        runs now, so a version may drop them and a later one bring them back."""
+        self._rules = EditRules(
+            started=state.config,
+            startup_env=frozenset(name for _, name in env_references(raw)),
+            startup_hosts=tuple(startup_hosts(raw)),
+            bindings=SecretBindings(raw, state.config.secrets.upstream_hosts, _provider_of),
+            endpoints=state.endpoints,
+        )
         self._running_raw = raw
         """The running config with its secrets: kept in memory only; versions store it redacted."""
-        self._secrets: dict[tuple[str, str], tuple[Destination, object]] = {}
-        """Every provider and replica key this process has been given, with where it was to be sent."""
-        """The latest provider key each hosted model had in a version this process ran (in memory only): a
-        rollback to a version whose model a later one removed gets its key back from here."""
+        self._secrets: dict[tuple[str, str], tuple[Destination, object]] = self._kept_keys.keys()
+        """Every provider and replica key this process has been given (or an earlier one, through the API), with
+        where it was to be sent: a rollback to a version whose model a later one removed gets its key back from
+        here. Where two are known, the running one."""
         self._remember_keys(raw)
+        self._held: HeldFile | None = None
+        self._troubles: dict[str, str] = {}
+        """Other warnings by what they are about: ``restore`` (until the next accepted change), ``fleet`` (until a
+        fleet version runs here)."""
         self.current = ConfigVersion(0, 0.0, "startup", redact(raw), ())
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -110,62 +139,103 @@ class LiveConfig:
     def version(self, number: int) -> ConfigVersion | None:
         return self._history.get(number)
 
+    def history_owner(self) -> dict[str, str]:
+        """Whose history this is: the config file and the id the history got when it began."""
+        return {"config": self._history.owner.config, "id": self._history.owner.id}
+
+    @property
+    def warnings(self) -> list[str]:
+        """What an operator must act on, one line each (``/health`` shows them): a file content not applied, a
+        version that could not be restored at start, a fleet version this process cannot run. Empty when none."""
+        return ([self._held.warning] if self._held else []) + list(self._troubles.values())
+
+    def file_status(self) -> dict[str, Any] | None:
+        """The file against the running config, for the admin API: the edits it lacks, and a content not applied."""
+        if self._path is None:
+            return None
+        edits = drift(self._file_raw, self.current.raw)
+        return {
+            "path": str(self._path),
+            "in_sync": not edits and self._held is None,
+            "not_in_file": edits,
+            "not_applied": self._held.detail if self._held else None,
+        }
+
     # -- changing ----------------------------------------------------------------------------------------
 
     async def propose(
-        self, raw: object, author: str, *, file_sha: str | None = None, keeping_admin: str | None = None
+        self, raw: object, author: str, *, keeping_admin: str | None = None, file: FileContent | None = None
     ) -> ConfigVersion:
         """Validate ``raw`` and make it the running version; :class:`ConfigError` lists every problem.
-        ``file_sha`` is the digest of the config file's new content when the edit came from the file;
-        ``keeping_admin`` the digest of the admin key an API change was made with, which it must keep: an edit
-        that dropped it would lock its author out of the admin API, rollback included."""
+        ``file`` is the config file's content when the change is the file's; ``keeping_admin`` the digest of the
+        admin key an API change was made with, which it must keep: an edit that dropped it would lock its author
+        out of the admin API, rollback included."""
         async with self._lock:
-            problems = non_json_problems(raw)
-            if problems:  # before anything copies it as JSON
-                raise ConfigError.listing(problems, "config: ")
-            if isinstance(raw, dict):
-                # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
-                kept = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
-                raw = kept | self._unredact(raw)
-            config = self._validate(raw)
-            if keeping_admin is not None and keeping_admin not in admin_digests(config):
-                problem = (
-                    "admin.keys",
-                    "must keep the admin key this change was made with: without it the admin API would refuse "
-                    "every call from it, rollback included (a key is removed by another admin key, or in the file)",
-                )
-                raise ConfigError(f"config: {problem[0]}: {problem[1]}", [problem])
-            assert isinstance(raw, dict)
-            number = await self._next_number()
-            if file_sha is not None:
-                self._file_sha = file_sha
-            version = new_version(number, author, redact(raw), self.current.raw, self._file_sha)
-            self._apply(config, version, raw)
-            await self._publish(version)
-            log.info("config version %d applied (%s): %d change(s)", number, author, len(version.diff))
-            return version
+            return await self._change(raw, author, keeping_admin=keeping_admin, file=file)
+
+    async def _change(
+        self, raw: object, author: str, *, keeping_admin: str | None, file: FileContent | None
+    ) -> ConfigVersion:
+        try:
+            config, raw = self._check(raw, keeping_admin)
+        except ConfigError as exc:
+            level = logging.ERROR if file is not None else logging.WARNING
+            log.log(
+                level,
+                "config change from %s refused; version %d keeps running: %s",
+                self._origin(author),
+                self.current.version,
+                _problem_list(exc),
+            )
+            raise
+        number = await self._next_number()
+        file_sha = file.sha if file is not None else self._file_sha
+        file_raw = None if file is not None else self._file_raw
+        version = new_version(number, author, redact(raw), self.current.raw, file_sha, file_raw)
+        self._apply(config, raw)
+        self._record(version)
+        await self._publish(version)
+        if file is not None:
+            self._file_sha, self._file_raw, self._held = file.sha, redact(raw), None
+            self._file_keys = known_keys(raw)
+        self._kept_keys.keep(known_keys(raw), self._file_keys)
+        self._troubles.pop("restore", None)  # a version runs that someone chose since
+        log.warning("config version %d applied from %s: %s", number, self._origin(author), change_summary(version.diff))
+        self._reconcile()
+        return version
 
     async def rollback(self, number: int, author: str, *, keeping_admin: str | None = None) -> ConfigVersion:
+        """Run version ``number``'s config again, as a new version; start-up settings stay as they run."""
         old = self._history.get(number)
         if old is None:
             raise KeyError(number)
-        return await self.propose(old.raw, f"{author} (rollback to {number})", keeping_admin=keeping_admin)
+        return await self.propose(shared(old.raw), f"{author} (rollback to {number})", keeping_admin=keeping_admin)
 
-    def _validate(self, raw: object) -> GatewayConfig:
-        config = parse_config(raw, source="config")
-        problems = restart_problems(self._started, config)
-        if config.secrets.env is None:  # else checked with the config itself
-            problems += env_problems(raw, self._startup_env)
-        if config.secrets.upstream_hosts is None:  # else checked with the config itself
-            problems += url_problems(raw, self._startup_hosts, default=True)
-        problems += self._bindings.problems(raw)
-        if problems:
+    async def reload(self, author: str) -> ConfigVersion:
+        """Apply the config file as it is now, undoing the edits it lacks: the operator's word that the file wins."""
+        content = read_config_file(self._path) if self._path is not None else None
+        if content is None or content.error is not None:
+            problem = content.error if content is not None else "this gateway has no config file it can read"
+            raise ConfigError(f"config file: {problem}", [("(file)", problem)])
+        async with self._lock:
+            self._seen = content
+            return await self._change(content.raw, f"file (reloaded by {author})", keeping_admin=None, file=content)
+
+    def _check(self, raw: object, keeping_admin: str | None) -> tuple[GatewayConfig, dict[str, Any]]:
+        """``raw`` as a config to run (start-up settings kept, redacted secrets restored), or every problem."""
+        problems = non_json_problems(raw)
+        if problems:  # before anything copies it as JSON
             raise ConfigError.listing(problems, "config: ")
-        return config
+        if not isinstance(raw, dict):
+            problem = ("(top level)", f"expected a mapping at the top level, got {type(raw).__name__}")
+            raise ConfigError.listing([problem], "config: ")
+        # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
+        kept = {key: self._running_raw[key] for key in RESTART_ONLY if key in self._running_raw}
+        restored, secret_problems = self._unredact(raw)
+        raw = kept | restored
+        return check_edit(raw, self._rules, secret_problems=secret_problems, keeping_admin=keeping_admin), raw
 
-    def _apply(
-        self, config: GatewayConfig, version: ConfigVersion, raw: dict[str, Any], *, record: bool = True
-    ) -> None:
+    def _apply(self, config: GatewayConfig, raw: dict[str, Any]) -> None:
         existing = {b.name: b for b in self._state.registry}
         try:
             catalog = build_catalog(config, self._state.endpoints, existing)
@@ -175,39 +245,136 @@ class LiveConfig:
             raise ConfigError(f"config: {exc}", [("(config)", str(exc))]) from None
         self._state.apply(catalog)
         self._remember_keys(raw)
-        if record:
-            self._history.append(version)
-        self.current = version
         self._running_raw = raw
+
+    def _record(self, version: ConfigVersion) -> None:
+        self._history.append(version)
+        self.current = version
 
     def _remember_keys(self, raw: dict[str, Any]) -> None:
         self._secrets.update(known_keys(raw))
 
-    def _unredact(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """``raw`` with the secrets a GET redacted put back; :class:`ConfigError` for a key this process never
-        had, or whose destination changed (rather than a model without its key, or a key sent somewhere new)."""
-        restored, problems = unredact(raw, self._secrets, (self._running_raw.get("state") or {}).get("redis_url"))
-        if problems:
-            raise ConfigError.listing(problems, "config: ")
-        return restored
+    def _unredact(
+        self, raw: dict[str, Any], keys: dict[tuple[str, str], tuple[Destination, object]] | None = None
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """``raw`` with the secrets a GET redacted put back (from ``keys``, by default those known), and a problem
+        for each key this process never had, or whose destination changed (rather than a model without its key,
+        or a key sent somewhere new)."""
+        keys = self._secrets if keys is None else keys
+        return unredact(raw, keys, (self._running_raw.get("state") or {}).get("redis_url"))
 
-    # -- start-up, the file and other processes ------------------------------------------------------------
+    def _origin(self, author: str) -> str:
+        if author.startswith("admin:"):
+            return f"the admin API ({author})"
+        if author.startswith("file"):
+            return f"the config file {self._path}" + (f" ({author[6:-1]})" if author != "file" else "")
+        return author
+
+    # -- the file ------------------------------------------------------------------------------------------
+
+    def _as_edit(self, file: dict[str, Any]) -> dict[str, Any]:
+        """A redacted file config as an edit of it would run: start-up settings it leaves out kept."""
+        return {key: value for key, value in self.current.raw.items() if key in RESTART_ONLY} | file
+
+    def _reconcile(self) -> None:
+        """After a change: when the file as last read now says what runs, the file has every edit."""
+        seen = self._seen
+        candidate = seen.redacted() if seen is not None else None
+        if seen is None or candidate is None or self._as_edit(candidate) != self.current.raw:
+            return
+        if self._held is not None or self._file_sha != seen.sha:
+            log.warning("the config file %s now matches config version %d", self._path, self.current.version)
+        self._file_sha, self._file_raw, self._held = seen.sha, candidate, None
+
+    async def _file_changed(self, content: FileContent) -> None:
+        """Apply a new file content, unless it would undo an edit the file lacks or it is refused: then hold it."""
+        if content.sha == self._file_sha:  # back to the content the running version was made from or on top of
+            self._held = None
+            return
+        candidate = content.redacted()
+        if candidate is not None and self._as_edit(candidate) == self.current.raw:
+            self._reconcile()
+            return
+        if content.error is not None:
+            self._hold_refused(content, [("(file)", content.error)])
+            return
+        undone = undone_by(candidate, self._file_raw, self.current.raw) if candidate is not None else []
+        if candidate is not None and shared(candidate) == shared(self._file_raw):
+            # What an edit can change is as before: a comment, the layout, or a start-up setting (refused below).
+            if all(candidate[key] == self.current.raw.get(key) for key in RESTART_ONLY if key in candidate):
+                self._file_sha, self._held = content.sha, None
+                return
+            undone = []
+        if undone:
+            self._hold_undoing(content, undone)
+            return
+        try:
+            await self._change(content.raw, "file", keeping_admin=None, file=content)
+        except ConfigError as exc:
+            self._hold_refused(content, exc.problems or [("(file)", str(exc))])
+        except (aioredis.RedisError, OSError) as exc:
+            log.error("%s changed but Redis is unreachable, so it was not applied: %s", self._path, exc)
+            warning = f"config file {self._path} changed but is not applied: Redis was unreachable; save it again"
+            self._held = HeldFile(content.sha, warning, {"reason": "Redis was unreachable"})
+
+    def _hold_undoing(self, content: FileContent, undone: list[str]) -> None:
+        warning = (
+            f"config file {self._path} changed but is not applied: it would undo {len(undone)} change(s) made through "
+            f"the admin API (or another gateway process) that the file does not have: {_paths(undone)}. Put them in "
+            f"the file (GET /admin/config shows them), or POST /admin/config/reload to apply the file as it is"
+        )
+        log.error("%s; version %d keeps running", warning, self.current.version)
+        detail = {"reason": "it would undo edits the file does not have", "would_undo": undone}
+        self._held = HeldFile(content.sha, warning, detail)
+
+    def _hold_refused(self, content: FileContent, problems: list[tuple[str, str]]) -> None:
+        warning = (
+            f"config file {self._path} changed but is not applied: {len(problems)} problem(s) at "
+            f"{_paths([path for path, _ in problems])}; version {self.current.version} keeps running"
+        )
+        if content.error is not None:
+            log.error("%s: %s", warning, content.error)
+        listed = [{"path": path, "message": message} for path, message in problems]
+        self._held = HeldFile(content.sha, warning, {"reason": "refused", "problems": listed})
+
+    async def _watch_file(self) -> None:
+        assert self._path is not None
+        while True:
+            await asyncio.sleep(_FILE_POLL_S)
+            content = read_config_file(self._path)
+            if content is None or (self._seen is not None and content.sha == self._seen.sha):
+                continue  # unreadable for now, or as last read
+            async with self._lock:  # decided and applied as one step: an edit in between could be undone
+                self._seen = content
+                await self._file_changed(content)
+
+    # -- start-up ------------------------------------------------------------------------------------------
 
     async def start(self, redis: aioredis.Redis | None = None) -> None:
-        """Settle which version runs: the file's, unless edits made since the file was read are newer;
-        with Redis, the fleet's when it is newer still."""
+        """Settle which version runs: the file's, unless it would undo edits made since the file was applied
+        (those are kept, and the file waits as it would while running); with Redis, the fleet's when it is newer."""
         self._redis = redis
         latest = self._history.latest
-        if latest is not None and latest.file_sha == self._file_sha:
-            self._resume(latest)
+        file = redact(self._startup_raw)
+        if latest is None:
+            self._record(new_version(1, "startup", file, None, self._file_sha))
+            log.info("config version 1 from %s (history %s)", self._path, self._history.path)
+        elif latest.file_sha == self._file_sha or shared(file) in (shared(latest.raw), self._shared_base(latest)):
+            self._resume(latest, [])  # the file is as before but for comments, layout or start-up settings
         else:
-            author = "startup" if latest is None else "file"
-            number = (latest.version if latest else 0) + 1
-            version = new_version(
-                number, author, redact(self._startup_raw), latest.raw if latest else None, self._file_sha
-            )
-            self._history.append(version)
-            self.current = version
+            base = self._file_base(latest)
+            undone = undone_by(file, base if base is not None else {}, latest.raw)
+            if undone:
+                self._resume(latest, undone)
+            else:
+                version = new_version(latest.version + 1, "file", file, latest.raw, self._file_sha)
+                self._record(version)
+                log.warning(
+                    "config version %d applied from the config file %s, changed while the gateway was stopped: %s",
+                    version.version,
+                    self._path,
+                    change_summary(version.diff),
+                )
         if self._redis is not None:
             await self._join_fleet()
             self._tasks.append(asyncio.create_task(self._follow_fleet(), name="spillgate-config-follow"))
@@ -220,47 +387,70 @@ class LiveConfig:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _resume(self, latest: ConfigVersion) -> None:
-        """The file is as it was at ``latest``: keep the API edits made since, as that version."""
-        if latest.raw == redact(self._startup_raw):
-            self.current = latest
-            return
-        try:
-            raw = self._unredact(latest.raw)
-            self._apply(self._validate(raw), latest, raw, record=False)
-        except ConfigError as exc:
-            log.error("config version %d no longer applies, running the file instead: %s", latest.version, exc)
-            self.current = latest
+    def _file_base(self, version: ConfigVersion) -> dict[str, Any] | None:
+        """The file config ``version`` was made on top of (itself, when made from the file); for a version from
+        before versions recorded it, the latest version made from that file content; ``None`` if unknown."""
+        if version.file_raw is not None:
+            return version.file_raw
+        if _from_file(version.author):
+            return version.raw
+        earlier = [v for v in self._history.versions if v.version < version.version]
+        return next((v.raw for v in reversed(earlier) if _from_file(v.author) and v.file_sha == version.file_sha), None)
 
-    async def _watch_file(self) -> None:
-        assert self._path is not None
-        seen = self._file_sha
-        while True:
-            await asyncio.sleep(_FILE_POLL_S)
+    def _shared_base(self, version: ConfigVersion) -> dict[str, Any] | None:
+        base = self._file_base(version)
+        return shared(base) if base is not None else None
+
+    def _resume(self, latest: ConfigVersion, undone: list[str]) -> None:
+        """Run ``latest`` again, with the file's start-up settings (only the file sets them). ``undone``: the edits
+        of ``latest`` the file (changed while stopped) would undo, which hold the file back as they would live."""
+        file = redact(self._startup_raw)
+        in_sync = shared(file) == shared(latest.raw)
+        base = self._file_base(latest) or {}
+        # The file is the one ``latest`` was made on top of, but for comments, layout or start-up settings.
+        as_before = in_sync or shared(file) == shared(base)
+        target = shared(latest.raw) | {key: value for key, value in file.items() if key in RESTART_ONLY}
+        if target != file:  # its keys are the ones it ran with: those sent through the API before the file's
+            restored, secret_problems = self._unredact(target, self._secrets | self._kept_keys.keys())
             try:
-                text = self._path.read_text()
-            except OSError:
-                continue
-            sha = file_digest(text)
-            if sha in (seen, self._file_sha):
-                continue  # unchanged, or back to the content the running version came from
-            seen = sha
-            try:
-                raw = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                log.error(
-                    "%s changed but is not valid YAML; keeping version %d: %s", self._path, self.current.version, exc
-                )
-                continue
-            if isinstance(raw, dict) and redact(raw) == self.current.raw:
-                self._file_sha = sha
-                continue
-            try:
-                await self.propose(raw, "file", file_sha=sha)
+                raw = {key: value for key, value in self._startup_raw.items() if key in RESTART_ONLY} | restored
+                self._apply(check_edit(raw, self._rules, secret_problems=secret_problems, keeping_admin=None), raw)
             except ConfigError as exc:
-                log.error("%s changed but was refused; keeping version %d:\n%s", self._path, self.current.version, exc)
-            except (aioredis.RedisError, OSError) as exc:
-                log.error("%s changed but Redis is unreachable, so it was not applied: %s", self._path, exc)
+                self._restore_failed(latest, exc)
+                return
+        if not as_before:
+            self._file_sha, self._file_raw = latest.file_sha, base
+        if target == latest.raw:
+            self.current = latest
+        else:  # the file's start-up settings changed while stopped
+            author = "startup" if in_sync else f"startup (version {latest.version} kept)"
+            file_raw = None if in_sync else self._file_raw
+            self._record(new_version(latest.version + 1, author, target, latest.raw, self._file_sha, file_raw))
+        edits = drift(self._file_raw, self.current.raw)
+        if edits:
+            log.warning(
+                "config version %d runs with edits made through the admin API that the config file %s does not "
+                "have: %s",
+                self.current.version,
+                self._path,
+                change_summary(edits),
+            )
+        if undone and self._seen is not None:
+            self._hold_undoing(self._seen, undone)
+
+    def _restore_failed(self, latest: ConfigVersion, exc: ConfigError) -> None:
+        """``latest`` cannot run here any more (the key it was sent lost from the data directory, a variable no
+        longer set): run the file, say so loudly, and keep ``latest`` in the history to roll back to."""
+        version = new_version(latest.version + 1, "startup", redact(self._startup_raw), latest.raw, self._file_sha)
+        self._record(version)
+        self._troubles["restore"] = (
+            f"config version {latest.version} could not be restored at start ({len(exc.problems)} problem(s) at "
+            f"{_paths([path for path, _ in exc.problems])}); the config file runs as version {version.version}: "
+            f"PUT the edit again with what it lacks, or POST /admin/config/rollback/{latest.version} once it can run"
+        )
+        log.error("%s: %s", self._troubles["restore"], _problem_list(exc))
+
+    # -- other processes ------------------------------------------------------------------------------------
 
     async def _next_number(self) -> int:
         """The next version number, fleet-wide with Redis; never at or below one this process has seen, even
@@ -273,8 +463,9 @@ class LiveConfig:
     async def _publish(self, version: ConfigVersion) -> None:
         if self._redis is None:
             return
+        shared_version = replace(version, file_raw=None)  # which file it was made on top of is this process's own
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(f"{self._keys}:versions", str(version.version), version.to_json())
+            pipe.hset(f"{self._keys}:versions", str(version.version), shared_version.to_json())
             pipe.set(f"{self._keys}:current", version.version)
             await pipe.execute()
 
@@ -312,17 +503,49 @@ class LiveConfig:
             return
         fleet = ConfigVersion.from_json(text.decode() if isinstance(text, bytes) else text)
         # Start-up settings belong to each process (its own listen address and data directory).
-        local = {key: self._running_raw[key] for key in _RESTART_ONLY if key in self._running_raw}
-        shared = {key: value for key, value in fleet.raw.items() if key not in _RESTART_ONLY}
+        local = {key: self._running_raw[key] for key in RESTART_ONLY if key in self._running_raw}
+        restored, secret_problems = self._unredact(shared(fleet.raw))
+        raw = restored | local
         try:
-            raw = self._unredact(shared) | local
-            version = ConfigVersion(number, fleet.applied_at, fleet.author, redact(raw), fleet.diff, self._file_sha)
-            self._apply(self._validate(raw), version, raw)
+            config = check_edit(raw, self._rules, secret_problems=secret_problems, keeping_admin=None)
+            self._apply(config, raw)
         except ConfigError as exc:
             self._refused = number
-            log.error("fleet config version %d cannot run here; keeping %d: %s", number, self.current.version, exc)
+            self._troubles["fleet"] = (
+                f"config version {number} from another gateway process cannot run here ({len(exc.problems)} "
+                f"problem(s) at {_paths([path for path, _ in exc.problems])}); version {self.current.version} "
+                "keeps running"
+            )
+            log.error("%s: %s", self._troubles["fleet"], _problem_list(exc))
             return
-        log.info("config version %d adopted from the fleet", number)
+        version = ConfigVersion(
+            number, fleet.applied_at, fleet.author, redact(raw), fleet.diff, self._file_sha, self._file_raw
+        )
+        self._record(version)
+        self._kept_keys.keep(known_keys(raw), self._file_keys)
+        self._troubles.pop("fleet", None)
+        log.warning(
+            "config version %d adopted from another gateway process (%s): %s",
+            number,
+            fleet.author,
+            change_summary(fleet.diff),
+        )
+        self._reconcile()
+
+
+def _from_file(author: str) -> bool:
+    """Whether a version with this author was made from the config file itself."""
+    return author == "startup" or author.startswith("file")
+
+
+def _paths(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_SHOWN_PATHS])
+    return shown + (f" and {len(paths) - _SHOWN_PATHS} more" if len(paths) > _SHOWN_PATHS else "")
+
+
+def _problem_list(exc: ConfigError) -> str:
+    """Every problem as ``path: message``: messages name fields, hosts and variables, never a secret's value."""
+    return "; ".join(f"{path}: {message}" for path, message in exc.problems) or str(exc)
 
 
 def _provider_of(model: str) -> str | None:
@@ -331,34 +554,3 @@ def _provider_of(model: str) -> str | None:
     from spillgate.backends.hosted.client import provider_of
 
     return provider_of(model)
-
-
-def restart_problems(old: GatewayConfig, new: GatewayConfig) -> list[tuple[str, str]]:
-    """Changes a running gateway cannot make: listed by field, each saying a restart is needed."""
-    problems = [
-        (field, "takes effect only at start-up; restart the gateway to change it")
-        for field in _RESTART_ONLY
-        if getattr(old, field) != getattr(new, field)
-    ]
-    started = {p.name: p.simulated for p in old.pools}
-    for index, pool in enumerate(new.pools):
-        if pool.simulated is not None and started.get(pool.name) != pool.simulated:
-            problems.append(
-                (f"pools.{index}.simulated", "simulated replicas start with the gateway; restart to change")
-            )
-    started_hosted = {h.name: h.simulated for h in old.hosted_models}
-    for index, hosted in enumerate(new.hosted_models):
-        if hosted.simulated is not None and started_hosted.get(hosted.name) != hosted.simulated:
-            problems.append(
-                (f"hosted_models.{index}.simulated", "simulated models start with the gateway; restart to change")
-            )
-    return problems
-
-
-def admin_digests(config: GatewayConfig) -> set[str]:
-    """The digests of ``config``'s admin keys (those whose secret cannot be read are left out)."""
-    digests = set()
-    for spec in config.admin.keys:
-        with contextlib.suppress(MissingSecret):
-            digests.add(resolve_key(spec))
-    return digests

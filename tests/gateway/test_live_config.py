@@ -105,7 +105,8 @@ def test_admin_api_needs_an_admin_key(gateway: tuple[RunningProcess, Path]) -> N
     assert response.status_code == 401
     shown = current(proc)
     assert shown["version"] == 1
-    stored = (path.parent / "data" / "config-history.jsonl").read_text()
+    [history] = (path.parent / "data").glob("config-history.*.jsonl")
+    stored = history.read_text()
     assert TENANT_KEY not in stored and ADMIN_KEY not in stored, "versions are stored without secrets"
     assert TENANT_KEY not in str(shown) and ADMIN_KEY not in str(shown)
     assert shown["config"]["tenants"][0]["keys"][0].startswith("sha256:")
@@ -122,9 +123,9 @@ def test_invalid_edit_changes_nothing_and_lists_every_problem(gateway: tuple[Run
     assert response.status_code == 422
     body = response.json()
     assert body["error"]["code"] == "invalid_config" and "unchanged" in body["error"]["message"]
-    paths = {p["path"] for p in body["problems"]}
-    assert {"routes.0.policy", "limits.max_tokens"} <= paths
-    # Cross-references are checked once the fields are valid: one more edit shows that problem by path.
+    paths = [p["path"] for p in body["problems"]]
+    assert paths == ["limits.max_tokens", "routes.0.policy", "routes.0.targets.1"], body["problems"]
+    # Each fixed in turn, the others are still reported.
     config["routes"][0]["policy"] = "least_load"
     config["limits"] = {}
     assert put(proc, config).json()["problems"] == [
@@ -305,13 +306,13 @@ def test_every_process_applies_the_same_version_through_redis(
     replicas: list[RunningProcess], tmp_path: Path, redis_url: str
 ) -> None:
     state = {"redis_url": redis_url, "key_prefix": f"live-{free_port()}"}
-    gateways = []
-    for name in ("one", "two"):
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(base_config(replicas, tmp_path / name, **state)))
-        gateways.append(serve(path, tmp_path))
-    one, two = gateways
+    gateways: list[RunningProcess] = []
     try:
+        for name in ("one", "two"):  # inside the try: a second one failing to start must not leave the first
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(base_config(replicas, tmp_path / name, **state)))
+            gateways.append(serve(path, tmp_path))
+        one, two = gateways
         config = current(one)["config"]
         config["routes"][0]["targets"] = ["green"]
         version = put(one, config).json()["version"]

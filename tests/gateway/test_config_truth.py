@@ -1,0 +1,381 @@
+"""One truth for the running config: the file and the admin API never silently undo each other, an accepted edit
+survives a restart, each config keeps its own history, a refused edit lists every problem of every check, and
+every change is logged where operators look (the default level, warning)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.gateway.test_live_config import (
+    ADMIN,
+    TENANT,
+    backend_of,
+    base_config,
+    current,
+    eventually,
+    put,
+    serve,
+)
+from tests.support.gateway import TENANT_KEY, start_replica
+from tests.support.procs import RunningProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningProcess]]:
+    log_dir = tmp_path_factory.mktemp("truth-replicas")
+    procs = [start_replica(log_dir, "--time-scale", "0.05") for _ in range(2)]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def health(gateway: RunningProcess) -> dict[str, Any]:
+    response = httpx.get(gateway.url + "/health")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def save(path: Path, config: dict[str, Any]) -> None:
+    path.write_text(yaml.safe_dump(config))
+
+
+def warning_lines(gateway: RunningProcess, text: str) -> list[str]:
+    """The gateway's log lines holding ``text``, each checked to be at WARNING or above."""
+    lines = [line for line in gateway.log().splitlines() if text in line]
+    for line in lines:
+        assert "WARNING" in line or "ERROR" in line, line
+    return lines
+
+
+def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[RunningProcess], tmp_path: Path) -> None:
+    path = tmp_path / "spillgate.yaml"
+    config = base_config(replicas, tmp_path / "data")
+    save(path, config)
+    proc = serve(path, tmp_path)
+    try:
+        edited = current(proc)["config"]
+        edited["pools"][0]["replicas"].append(replicas[1].url)  # a replica added through the API
+        assert put(proc, edited).json()["version"] == 2
+        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+        assert current(proc)["file"]["not_in_file"] == [f"pools.0.replicas.1: added {replicas[1].url!r}"]
+        path.write_text(path.read_text() + "# a comment changes nothing\n")
+        time.sleep(1.5)  # the file is polled every second
+        assert current(proc)["version"] == 2 and current(proc)["warnings"] == []
+
+        config["routes"][0]["aliases"] = ["assistant"]  # an unrelated change saved to the file
+        save(path, config)
+        eventually(lambda: bool(current(proc)["warnings"]))
+        shown = current(proc)
+        assert shown["version"] == 2, "the file was not applied"
+        assert shown["file"]["not_applied"]["would_undo"] == ["pools.0.replicas.1"]
+        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}, "the API's replica stays"
+        [warning] = health(proc)["config_warnings"]
+        assert "would undo 1 change(s)" in warning and "pools.0.replicas.1" in warning
+        assert replicas[1].url not in warning, "/health needs no key: paths only, no values"
+        assert warning_lines(proc, "would undo 1 change(s)")
+
+        # The operator takes the edit into the file: it applies, with the unrelated change, and nothing is lost.
+        config["pools"][0]["replicas"].append(replicas[1].url)
+        save(path, config)
+        eventually(lambda: current(proc)["version"] == 3)
+        shown = current(proc)
+        assert shown["file"]["in_sync"] and shown["warnings"] == [] and health(proc)["config_warnings"] == []
+        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+        assert backend_of(proc, "assistant").startswith("blue-")
+    finally:
+        proc.stop()
+
+
+def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp_path: Path) -> None:
+    path = tmp_path / "spillgate.yaml"
+    config = base_config(replicas, tmp_path / "data")
+    save(path, config)
+    proc = serve(path, tmp_path)
+    try:
+        edited = current(proc)["config"]
+        edited["routes"][0]["targets"] = ["green"]
+        assert put(proc, edited).status_code == 200
+        config["routes"][0]["aliases"] = ["assistant"]
+        save(path, config)
+        eventually(lambda: bool(current(proc)["warnings"]))
+        assert backend_of(proc) == "green-0"
+
+        assert httpx.post(proc.url + "/admin/config/reload", headers=TENANT).status_code == 403
+        reloaded = httpx.post(proc.url + "/admin/config/reload", headers=ADMIN, timeout=30)
+        assert reloaded.status_code == 200, reloaded.text
+        assert reloaded.json()["version"] == 3
+        assert set(reloaded.json()["diff"]) == {
+            "routes.0.targets.0: 'green' -> 'blue'",
+            "routes.0.aliases.0: added 'assistant'",
+        }, "the undone edit is in the version's diff"
+        assert backend_of(proc, "assistant") == "blue-0"
+        shown = current(proc)
+        assert shown["file"]["in_sync"] and shown["warnings"] == []
+        assert warning_lines(proc, "config version 3 applied from the config file")
+        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        assert history["versions"][-1]["author"].startswith("file (reloaded by admin:")
+    finally:
+        proc.stop()
+
+
+def test_an_accepted_api_edit_survives_restarts(replicas: list[RunningProcess], tmp_path: Path) -> None:
+    path = tmp_path / "spillgate.yaml"
+    config = base_config(replicas, tmp_path / "data")
+    save(path, config)
+    port = free_port()
+    proc = serve(path, tmp_path, port)
+    try:
+        edited = current(proc)["config"]
+        edited["pools"][0]["replicas"].append(replicas[1].url)
+        assert put(proc, edited).json()["version"] == 2
+    finally:
+        proc.stop()
+
+    config["routes"][0]["aliases"] = ["assistant"]  # the file changes while the gateway is stopped
+    save(path, config)
+    for _ in range(2):  # and a second restart, with nothing changed, keeps it alike
+        proc = serve(path, tmp_path, port)
+        try:
+            shown = current(proc)
+            assert shown["version"] == 2, "the edit the file lacks keeps running"
+            assert shown["config"]["pools"][0]["replicas"] == [replicas[0].url, replicas[1].url]
+            assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+            assert shown["file"]["not_applied"]["would_undo"] == ["pools.0.replicas.1"]
+            assert "would undo 1 change(s)" in health(proc)["config_warnings"][0]
+            assert warning_lines(proc, "would undo 1 change(s)")
+        finally:
+            proc.stop()
+
+    config["pools"][0]["replicas"].append(replicas[1].url)  # the file takes the edit in while stopped
+    save(path, config)
+    proc = serve(path, tmp_path, port)
+    try:
+        shown = current(proc)
+        assert shown["version"] == 3 and shown["file"]["in_sync"] and shown["warnings"] == []
+        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+        assert backend_of(proc, "assistant").startswith("blue-")
+        assert warning_lines(proc, "config version 3 applied from the config file")
+    finally:
+        proc.stop()
+
+
+def test_two_configs_in_one_data_directory_keep_separate_histories(
+    replicas: list[RunningProcess], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    save(one, base_config(replicas, data))
+    other = base_config(replicas, data)
+    other["routes"][0]["targets"] = ["green"]
+    save(two, other)
+
+    proc = serve(one, tmp_path)
+    try:
+        edited = current(proc)["config"]
+        edited["routes"][0]["policy"] = "round_robin"
+        assert put(proc, edited).json()["version"] == 2
+    finally:
+        proc.stop()
+    proc = serve(two, tmp_path)
+    try:
+        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        assert [v["version"] for v in history["versions"]] == [1] and history["current"] == 1
+        assert history["history"]["config"] == str(two)
+        assert backend_of(proc) == "green-0" and current(proc)["config"]["routes"][0]["policy"] == "least_load"
+    finally:
+        proc.stop()
+    proc = serve(one, tmp_path)
+    try:
+        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        assert [v["version"] for v in history["versions"]] == [1, 2], "its own versions, the edit included"
+        assert history["history"]["config"] == str(one)
+        assert current(proc)["config"]["routes"][0]["policy"] == "round_robin"
+    finally:
+        proc.stop()
+    files = sorted(p.name for p in data.glob("config-history*"))
+    assert len(files) == 2 and all(name.startswith(("config-history.one.", "config-history.two.")) for name in files)
+    for name in files:
+        owner = json.loads((data / name).read_text().splitlines()[0])["history"]
+        assert owner["config"] == str(one if ".one." in name else two) and owner["id"]
+
+
+def test_a_history_from_before_owners_is_adopted_only_by_its_config(
+    replicas: list[RunningProcess], tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    save(one, base_config(replicas, data))
+    other = base_config(replicas, data)
+    other["routes"][0]["targets"] = ["green"]
+    save(two, other)
+    proc = serve(one, tmp_path)
+    try:
+        edited = current(proc)["config"]
+        edited["routes"][0]["policy"] = "round_robin"
+        assert put(proc, edited).status_code == 200
+    finally:
+        proc.stop()
+    # Made into a history as the gateway wrote them before histories had owners: one file, no owner line.
+    [own] = data.glob("config-history.one.*.jsonl")
+    legacy = data / "config-history.jsonl"
+    legacy.write_text("\n".join(own.read_text().splitlines()[1:]) + "\n")
+    own.unlink()
+
+    proc = serve(two, tmp_path)  # another config's versions: left alone
+    try:
+        assert current(proc)["version"] == 1 and backend_of(proc) == "green-0"
+        assert legacy.exists()
+    finally:
+        proc.stop()
+    proc = serve(one, tmp_path)  # the config the history last saw: adopted, its edit kept
+    try:
+        shown = current(proc)
+        assert shown["version"] == 2 and shown["config"]["routes"][0]["policy"] == "round_robin"
+        assert not legacy.exists()
+        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        assert [v["version"] for v in history["versions"]] == [1, 2]
+    finally:
+        proc.stop()
+
+
+def test_a_refused_edit_lists_the_problems_of_every_check(replicas: list[RunningProcess], tmp_path: Path) -> None:
+    path = tmp_path / "spillgate.yaml"
+    save(path, base_config(replicas, tmp_path / "data"))
+    proc = serve(path, tmp_path)
+    try:
+        before = current(proc)
+        config = copy.deepcopy(before["config"])
+        config["limits"] = {"max_tokens": -5}  # the schema
+        config["routes"][0]["targets"] = ["blue", "purple"]  # a cross-reference
+        config["pools"][1]["replicas"] = ["http://10.9.8.7:30000"]  # a host the config at start does not use
+        config["tenants"][0]["keys"].append("os.environ/HOME")  # a variable the config at start does not name
+        config["timeouts"] = {"read_s": 5}  # a start-up setting
+        response = put(proc, config)
+        assert response.status_code == 422, response.text
+        body = response.json()
+        problems = {p["path"]: p["message"] for p in body["problems"]}
+        assert set(problems) == {
+            "limits.max_tokens",
+            "routes.0.targets.1",
+            "pools.1.replicas.0",
+            "tenants.0.keys.1",
+            "timeouts",
+        }, body["problems"]
+        assert "greater than 0" in problems["limits.max_tokens"]
+        assert "unknown target 'purple'" in problems["routes.0.targets.1"]
+        assert "upstream_hosts" in problems["pools.1.replicas.0"]
+        assert "secrets.env" in problems["tenants.0.keys.1"]
+        assert "restart" in problems["timeouts"]
+        error = body["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_config"
+        assert error["message"].startswith("The config was refused (5 problem(s))")
+        assert error["param"] == body["problems"][0]["path"]
+        assert current(proc) == before
+
+        # An entry the schema cannot read stands in by its name: names resolving to it are not reported, other
+        # names are, and nothing in the entry is made up.
+        config = copy.deepcopy(before["config"])
+        config["routes"][0]["targets"] = ["green"]
+        config["pools"][1]["replicas"] = ["http://127.0.0.1:1/with/a/path"]
+        config["tenants"][0]["routes"] = ["chat", "nope"]
+        problems = {p["path"]: p["message"] for p in put(proc, config).json()["problems"]}
+        assert set(problems) == {"pools.1.replicas.0", "tenants.0.routes.1"}, problems
+        assert problems["tenants.0.routes.1"] == "tenant 'tenant-a' names unknown route 'nope'"
+        assert backend_of(proc) == "blue-0"
+    finally:
+        proc.stop()
+
+
+def test_config_changes_are_logged_at_the_default_level_without_secrets(
+    replicas: list[RunningProcess], tmp_path: Path
+) -> None:
+    path = tmp_path / "spillgate.yaml"
+    config = base_config(replicas, tmp_path / "data")
+    save(path, config)
+    proc = serve(path, tmp_path)  # no --log-level: warning
+    try:
+        edited = current(proc)["config"]
+        edited["routes"][0]["policy"] = "round_robin"
+        edited["tenants"][0]["keys"].append("sk-a-brand-new-tenant-key")
+        assert put(proc, edited).json()["version"] == 2
+        [applied] = warning_lines(proc, "config version 2 applied from the admin API (admin:")
+        assert "2 change(s)" in applied and "routes.0.policy changed" in applied
+        assert "tenants.0.keys.1 added" in applied
+
+        edited["limits"] = {"max_tokens": 0}
+        assert put(proc, edited).status_code == 422
+        [refused] = warning_lines(proc, "config change from the admin API")
+        assert "refused" in refused and "limits.max_tokens" in refused
+
+        config["routes"][0]["policy"] = "round_robin"
+        config["tenants"][0]["keys"].append("sk-a-brand-new-tenant-key")
+        config["routes"][0]["aliases"] = ["assistant"]
+        save(path, config)
+        eventually(lambda: current(proc)["version"] == 3)
+        [from_file] = warning_lines(proc, "config version 3 applied from the config file")
+        assert "1 change(s): routes.0.aliases.0 added" in from_file
+
+        save(path, {**config, "limits": {"max_tokens": -1}})
+        eventually(lambda: bool(current(proc)["warnings"]))
+        time.sleep(0.2)
+        assert warning_lines(proc, "config change from the config file")
+        log = proc.log()
+        assert "sk-a-brand-new-tenant-key" not in log and TENANT_KEY not in log
+    finally:
+        proc.stop()
+
+
+def test_a_key_sent_through_the_api_survives_a_restart(replicas: list[RunningProcess], tmp_path: Path) -> None:
+    key = "sk-sent-through-the-admin-api"
+    keyed = start_replica(tmp_path, "--time-scale", "0.05", "--api-key", key)
+    path = tmp_path / "spillgate.yaml"
+    data = tmp_path / "data"
+    save(path, base_config(replicas, data))
+    port = free_port()
+    try:
+        proc = serve(path, tmp_path, port)
+        try:
+            edited = current(proc)["config"]
+            pool = {"name": "keyed", "served_model": "sim-model", "replicas": [keyed.url], "api_key": key}
+            edited["pools"].append(pool)
+            edited["routes"].append({"name": "keyed", "targets": ["keyed"]})
+            assert put(proc, edited).status_code == 200
+            assert backend_of(proc, "keyed") == "keyed-0"
+        finally:
+            proc.stop()
+        [history] = data.glob("config-history.*.jsonl")
+        [secrets] = data.glob("config-secrets.*.json")
+        assert key not in history.read_text(), "versions are stored without secrets"
+        assert key in secrets.read_text() and secrets.stat().st_mode & 0o077 == 0
+
+        proc = serve(path, tmp_path, port)
+        try:
+            assert current(proc)["version"] == 2 and current(proc)["warnings"] == []
+            assert backend_of(proc, "keyed") == "keyed-0", "the replica still gets the key"
+        finally:
+            proc.stop()
+
+        secrets.unlink()  # the key is gone: the version cannot run, and the file runs instead, loudly
+        proc = serve(path, tmp_path, port)
+        try:
+            shown = current(proc)
+            assert shown["version"] == 3 and [p["name"] for p in shown["config"]["pools"]] == ["blue", "green"]
+            [warning] = health(proc)["config_warnings"]
+            assert "config version 2 could not be restored" in warning and "pools.2.api_key" in warning
+            assert warning_lines(proc, "config version 2 could not be restored")
+            assert [
+                v["version"] for v in httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()["versions"]
+            ] == [1, 2, 3], "version 2 stays in the history"
+        finally:
+            proc.stop()
+    finally:
+        keyed.stop()
