@@ -245,7 +245,13 @@ class InProcess:
         self.thread.join(timeout=10)
 
     def trace(self, trace_id: str) -> list[ReadableSpan]:
-        return [s for s in self.exporter.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+        """The spans of a trace, once its request span has ended (a moment after the client read the answer)."""
+
+        def spans() -> list[ReadableSpan]:
+            return [s for s in self.exporter.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+
+        eventually(lambda: any(s.name == "POST /v1/chat/completions" for s in spans()))
+        return spans()
 
 
 def tree(spans: list[ReadableSpan]) -> dict[str, str]:
@@ -266,6 +272,7 @@ def test_one_span_tree_per_request_in_process(replica: RunningProcess, tmp_path:
     with InProcess(config) as gateway:
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
         client.chat.completions.create(model="chat", messages=HELLO, max_tokens=3)  # type: ignore[arg-type]
+        eventually(lambda: any(s.name == "POST /v1/chat/completions" for s in gateway.exporter.get_finished_spans()))
         roots = [s for s in gateway.exporter.get_finished_spans() if s.name == "POST /v1/chat/completions"]
         assert len(roots) == 1 and roots[0].parent is None, "without a client's trace, the request starts one"
         trace_id = format(roots[0].context.trace_id, "032x")
