@@ -43,6 +43,16 @@ class PassCounters:
     """Sum over decode steps of duration x batch size."""
     decode_context_tokens: int = 0
     """Sum over decode steps of the batch's KV tokens (what each step reads besides the weights)."""
+    arrivals: int = 0
+    decoders_at_arrival: int = 0
+    """Sum over arriving requests of the requests decoding there then: the ones its prefill will keep waiting."""
+    waiting_at_arrival: int = 0
+    """Sum over arriving requests of the requests queued ahead of it for prefill."""
+
+    def arrival(self, decoders: int, waiting: int) -> None:
+        self.arrivals += 1
+        self.decoders_at_arrival += decoders
+        self.waiting_at_arrival += waiting
 
     def late(self, lost: float, waiting_decoders: int) -> None:
         if lost > 0 and waiting_decoders:

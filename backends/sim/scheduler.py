@@ -134,6 +134,7 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         self.start()
+        self.passes.arrival(len(self._running), len(self._waiting) + (self._chunked is not None))
         self._waiting.append(req)
         self._idle.clear()
         self._wakeup.set()

@@ -35,6 +35,8 @@ async def test_decode_steps_and_stalling_prefills_add_up_to_every_requests_time_
     assert passes.prefill_idle_decoders_s > 0  # the first prefill had no one to stall
     assert passes.prefill_passes >= 2 and passes.prefill_requests == 4
     assert passes.decode_context_tokens > passes.decode_tokens * 2000
+    # the first arrived to an empty replica; each later one found the first decoding and those before it queued
+    assert (passes.arrivals, passes.decoders_at_arrival, passes.waiting_at_arrival) == (4, 3, 0 + 1 + 2)
     await replica.scheduler.stop()
 
 
