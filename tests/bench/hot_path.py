@@ -51,6 +51,8 @@ class Bench:
     work_dir: Path
     stub_pid: int = 0
     retries: int = 1
+    access_log: str = "json"
+    """The relay's access log: ``json``, ``logfmt`` or ``off``."""
     retry_until: float = 0.0
     """No retries after this ``time.monotonic()``: they must not push the run past its time budget."""
 
@@ -138,7 +140,7 @@ def measure_direct(bench: Bench, stub_port: int) -> dict[str, Any]:
 
 def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dict[str, Any]:
     port = free_port()
-    argv = targets.gateway_argv(bench.work_dir / "spillgate.yaml", stub_port, port)
+    argv = targets.gateway_argv(bench.work_dir / "spillgate.yaml", stub_port, port, bench.access_log)
     gateway = start_pinned("spillgate", argv, cpu=bench.server_cpu, log_dir=bench.work_dir)
     started.append(gateway)
     try:
@@ -149,7 +151,7 @@ def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dic
     finally:
         gateway.stop()
     row["command"] = " ".join(["taskset", "-c", str(bench.server_cpu), *argv])
-    row["config"] = targets.gateway_config(stub_port, port)
+    row["config"] = targets.gateway_config(stub_port, port, bench.access_log)
     return row
 
 
@@ -254,12 +256,13 @@ def run(args: argparse.Namespace) -> int:
     os.sched_setaffinity(0, {client_cpu})  # this process's own work stays off the relay's core
     load_before = report.load_average()
     work_dir = Path(tempfile.mkdtemp(prefix="spillgate-bench-"))
-    bench = Bench(args.seconds, client_cpu, server_cpu, wrk, work_dir, retries=args.retries)
+    bench = Bench(args.seconds, client_cpu, server_cpu, wrk, work_dir, retries=args.retries, access_log=args.access_log)
     bench.retry_until = time.monotonic() + RETRY_BUDGET_FIGURES * (args.seconds + 2 * WARMUP_S)
     rows, failed = measure_all(bench, args.skip_router)
     settings = {
         "seconds": args.seconds,
         "warmup_s": WARMUP_S,
+        "access_log": args.access_log,
         "server_cpu": server_cpu,
         "client_cpu": client_cpu,
         "paced_rate": PACED_RATE,
@@ -284,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per figure (default 5)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
     parser.add_argument("--skip-router", action="store_true", help="leave out the sglang-router row")
+    parser.add_argument(
+        "--access-log", choices=["json", "logfmt", "off"], default="json", help="the relay's access log (default json)"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when spillgate misses a goal")
     parser.add_argument(
         "--retries", type=int, default=1, help="re-measure a figure this often when other work took the cores"

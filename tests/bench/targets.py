@@ -28,12 +28,15 @@ def stub_argv(port: int) -> list[str]:
     return [sys.executable, "-m", "tests.bench.stub_backend", "--port", str(port), "--model", STUB_MODEL]
 
 
-def gateway_config(stub_port: int, port: int) -> dict[str, object]:
+def gateway_config(stub_port: int, port: int, access_log: str = "json") -> dict[str, object]:
     """One pool on the stub, one route, one tenant: auth, validation and the policy are all on the path.
 
     The key is stored as a digest, as a real deployment would; health probes every 5 s stay off the path.
+    ``access_log`` is the log's format, or ``off``.
     """
+    logging = {"access_log": False} if access_log == "off" else {"access_log": True, "format": access_log}
     return {
+        "logging": logging,
         "listen": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 5},
         "limits": {"max_connections_per_client": 0},  # wrk and the load generator are one address
@@ -43,8 +46,8 @@ def gateway_config(stub_port: int, port: int) -> dict[str, object]:
     }
 
 
-def gateway_argv(config_path: Path, stub_port: int, port: int) -> list[str]:
-    config_path.write_text(yaml.safe_dump(gateway_config(stub_port, port), sort_keys=False))
+def gateway_argv(config_path: Path, stub_port: int, port: int, access_log: str = "json") -> list[str]:
+    config_path.write_text(yaml.safe_dump(gateway_config(stub_port, port, access_log), sort_keys=False))
     return [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(config_path), "--port", str(port)]
 
 
