@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from spillgate.backends.sim.kv_events import split_namespace
+from spillgate.backends.sim.pass_counters import PassRecord
 from spillgate.backends.sim.replica import ReplicaDep
 from spillgate.backends.sim.wire import OrjsonResponse
 
@@ -36,6 +37,16 @@ async def radix_cache(replica: ReplicaDep) -> OrjsonResponse:
 async def passes(replica: ReplicaDep) -> OrjsonResponse:
     """Where the replica's simulated time went since it started (:mod:`backends.sim.pass_counters`): prefill
     passes against decode steps, and how many running requests each prefill kept waiting; ``now`` is the
-    simulated clock, so a caller reading twice can tell busy time from idle time."""
+    simulated clock, so a caller reading twice can tell busy time from idle time; ``log_seq`` the latest record's
+    number in ``/sim/passes/log``."""
     scheduler = replica.scheduler
-    return OrjsonResponse({"now": scheduler.now(), **scheduler.passes.to_json()})
+    passes = scheduler.passes
+    return OrjsonResponse({"now": scheduler.now(), "log_seq": passes.last_seq, **passes.to_json()})
+
+
+@router.get("/sim/passes/log")
+async def passes_log(replica: ReplicaDep, after: int = 0) -> OrjsonResponse:
+    """The kept prefill passes, decode steps and arrivals numbered above ``after``, oldest first, as rows of
+    ``seq, kind, start, duration, decoders, requests, tokens`` (:class:`backends.sim.pass_counters.PassRecord`)."""
+    records = replica.scheduler.passes.records_after(after)
+    return OrjsonResponse({"fields": list(PassRecord._fields), "records": [list(record) for record in records]})

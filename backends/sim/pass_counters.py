@@ -7,13 +7,32 @@ gets one token, so ``decode_token_s`` (step time x batch) over ``decode_tokens``
 latency the steps cost, and ``stalled_decoder_s`` (prefill time x requests waiting to decode) over the same
 tokens is the part the prefills cost; ``late_decoder_s`` is what a simulator falling behind its time scale
 added (zero on a machine that keeps up). Cumulative since the replica started, in simulated seconds; a caller
-reads them before and after a run and takes the difference.
+reads them before and after a run and takes the difference. The last :data:`LOG_SIZE` passes and arrivals are
+also kept one by one (``/sim/passes/log``), for a timeline of who waited on whom.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
+
+LOG_SIZE = 65536
+"""Records kept: about ten benchmark runs of a few thousand passes on one replica."""
+
+
+class PassRecord(NamedTuple):
+    """One prefill pass, decode step or arrival: ``decoders`` running requests then (a decode step's batch),
+    ``requests`` in the pass (for an arrival: queued ahead of it), ``tokens`` computed (a decode step: KV read)."""
+
+    seq: int
+    kind: str
+    """``prefill``, ``decode`` or ``arrival``."""
+    start: float
+    duration: float
+    decoders: int
+    requests: int
+    tokens: int
 
 
 @dataclass
@@ -49,7 +68,24 @@ class PassCounters:
     waiting_at_arrival: int = 0
     """Sum over arriving requests of the requests queued ahead of it for prefill."""
 
-    def arrival(self, decoders: int, waiting: int) -> None:
+    log: deque[PassRecord] = field(default_factory=lambda: deque(maxlen=LOG_SIZE), repr=False)
+    _seq: int = field(default=0, repr=False)
+
+    def _record(self, kind: str, start: float, duration: float, decoders: int, requests: int, tokens: int) -> None:
+        self._seq += 1
+        self.log.append(PassRecord(self._seq, kind, start, duration, decoders, requests, tokens))
+
+    @property
+    def last_seq(self) -> int:
+        """The number of the latest record (0 before any)."""
+        return self._seq
+
+    def records_after(self, seq: int) -> list[PassRecord]:
+        """The kept records numbered above ``seq``, oldest first."""
+        return [record for record in self.log if record.seq > seq]
+
+    def arrival(self, at: float, decoders: int, waiting: int) -> None:
+        self._record("arrival", at, 0.0, decoders, waiting, 0)
         self.arrivals += 1
         self.decoders_at_arrival += decoders
         self.waiting_at_arrival += waiting
@@ -59,7 +95,8 @@ class PassCounters:
             self.late_s += lost
             self.late_decoder_s += lost * waiting_decoders
 
-    def prefill(self, duration: float, tokens: int, requests: int, waiting_decoders: int) -> None:
+    def prefill(self, start: float, duration: float, tokens: int, requests: int, waiting_decoders: int) -> None:
+        self._record("prefill", start, duration, waiting_decoders, requests, tokens)
         self.prefill_passes += 1
         self.prefill_s += duration
         self.prefill_tokens += tokens
@@ -68,7 +105,8 @@ class PassCounters:
         if not waiting_decoders:
             self.prefill_idle_decoders_s += duration
 
-    def decode(self, duration: float, batch: int, context_tokens: int) -> None:
+    def decode(self, start: float, duration: float, batch: int, context_tokens: int) -> None:
+        self._record("decode", start, duration, batch, batch, context_tokens)
         self.decode_passes += 1
         self.decode_s += duration
         self.decode_tokens += batch
@@ -76,4 +114,5 @@ class PassCounters:
         self.decode_context_tokens += context_tokens
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The cumulative figures (not the log)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("log", "_seq")}

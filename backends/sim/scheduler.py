@@ -134,7 +134,7 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         self.start()
-        self.passes.arrival(len(self._running), len(self._waiting) + (self._chunked is not None))
+        self.passes.arrival(self.now(), len(self._running), len(self._waiting) + (self._chunked is not None))
         self._waiting.append(req)
         self._idle.clear()
         self._wakeup.set()
@@ -357,7 +357,7 @@ class Scheduler:
         duration = timing.prefill_seconds(self.preset, ((item.extend, item.prefix) for item in items))
         await self.clock.sleep_until(start)
         self.passes.late(start - self._now, len(self._running))
-        self.passes.prefill(duration, sum(item.extend for item in items), len(items), len(self._running))
+        self.passes.prefill(start, duration, sum(item.extend for item in items), len(items), len(self._running))
         self._now = start + duration
         self._prefilling = [item.req for item in items if item.prefix + item.extend >= item.req.fill_len]
         planned = self._plan_ahead(joins_running=True)
@@ -399,7 +399,7 @@ class Scheduler:
         batch = self._running
         context = sum(req.kv_len for req in batch)
         duration = timing.decode_seconds(self.preset, len(batch), context)
-        self.passes.decode(duration, len(batch), context)
+        self.passes.decode(self._now, duration, len(batch), context)
         self._now += duration
         planned = self._plan_ahead(joins_running=False)
         await self.clock.sleep_until(self._now)

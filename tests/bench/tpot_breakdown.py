@@ -79,6 +79,14 @@ def read_cluster(cluster: Cluster) -> list[dict[str, float]]:
     return [read_replica(url) for url in cluster.urls]
 
 
+def read_log(url: str, after: float) -> list[list[Any]]:
+    """The replica's passes, decode steps and arrivals numbered above ``after`` (``/sim/passes/log``)."""
+    status, body = http_request(url + f"/sim/passes/log?after={int(after)}")
+    if status != 200:
+        raise RuntimeError(f"{url}/sim/passes/log answered {status}")
+    return json.loads(body)["records"]
+
+
 def minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     return {key: after[key] - before.get(key, 0.0) for key in after}
 
@@ -202,6 +210,12 @@ def measure_run(
         settings, cluster, row.kind, "tpot", spec, seed, starter=start, probe=lambda _relay: read_cluster(cluster)
     )
     deltas = [minus(after, early) for after, early in zip(run.probed, before, strict=True)]
+    if settings.trace_dir is not None:  # every pass, step and arrival, per replica, for a timeline
+        path = settings.trace_dir / f"{row.kind}-tpot-{spec.name}-seed{seed}-passes.jsonl"
+        with path.open("w") as out:
+            for index, (url, early) in enumerate(zip(cluster.urls, before, strict=True)):
+                for record in read_log(url, early["log_seq"]):
+                    out.write(json.dumps([index, *record]) + "\n")
     failed = sum(1 for result in run.level.results if not result.ok)
     if failed:
         _progress(f"  {failed} requests failed in {row.kind} seed {seed}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import httpx
 import pytest
@@ -37,6 +38,15 @@ async def test_decode_steps_and_stalling_prefills_add_up_to_every_requests_time_
     assert passes.decode_context_tokens > passes.decode_tokens * 2000
     # the first arrived to an empty replica; each later one found the first decoding and those before it queued
     assert (passes.arrivals, passes.decoders_at_arrival, passes.waiting_at_arrival) == (4, 3, 0 + 1 + 2)
+    log = passes.records_after(0)
+    kinds = [record.kind for record in log]
+    assert kinds.count("arrival") == 4 and kinds.count("prefill") == passes.prefill_passes
+    assert kinds.count("decode") == passes.decode_passes
+    stalled = sum(r.duration * r.decoders for r in log if r.kind == "prefill")
+    assert stalled == pytest.approx(passes.stalled_decoder_s)
+    passes_only = [r for r in log if r.kind != "arrival"]
+    assert all(a.start + a.duration <= b.start + 1e-12 for a, b in itertools.pairwise(passes_only))
+    assert passes.records_after(log[-2].seq) == [log[-1]]
     await replica.scheduler.stop()
 
 
@@ -49,3 +59,8 @@ def test_the_route_serves_the_counters_and_they_grow_with_work(client: httpx.Cli
     assert after["now"] > before["now"]
     busy = after["prefill_s"] + after["decode_s"] - before["prefill_s"] - before["decode_s"]
     assert 0 < busy <= after["now"] - before["now"]
+    log = client.get("/sim/passes/log", params={"after": before["log_seq"]}).json()
+    assert log["records"][-1][0] == after["log_seq"]
+    assert log["fields"] == ["seq", "kind", "start", "duration", "decoders", "requests", "tokens"]
+    kinds = {row[1] for row in log["records"]}
+    assert {"arrival", "prefill", "decode"} <= kinds
