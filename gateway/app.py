@@ -235,6 +235,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None) 
             health["status"] = "degraded"
         if state.live is not None:
             health["config_version"] = state.live.current.version
+            health["config_warnings"] = state.live.warnings
         return health
 
     @app.api_route("/ready", methods=["GET", "HEAD"])
