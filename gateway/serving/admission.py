@@ -53,7 +53,10 @@ class Admission:
     async def admit(self, tenant: Tenant, body: bytes, attempt: Attempt) -> Admitted:
         parsed, request, route, targets = self._resolve(tenant, body, attempt)
         decision = self.decide(request, route, targets, attempt)
-        decision, reservation = await self._reserve(parsed, request, route, targets, decision, attempt)
+        try:
+            decision, reservation = await self._reserve(parsed, request, route, targets, decision, attempt)
+        finally:  # the answer, or the refusal, tells a tenant with per-minute limits where it stands
+            self._note_rate_usage(attempt)
         return Admitted(parsed, decision, reservation)
 
     def _resolve(
@@ -136,25 +139,7 @@ class Admission:
         attempt: Attempt,
     ) -> tuple[Decision, Reservation | None]:
         """Hold the request's worst case against the tenant's limits before anything is sent. Past a hosted
-        budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429. The
-        answer, or the refusal, tells a tenant with per-minute limits where it stands (OpenAI's headers)."""
-        tenant = attempt.tenant
-        try:
-            return await self._within_limits(parsed, request, route, targets, decision, attempt)
-        finally:
-            if tenant is not None and (tenant.limits.requests_per_minute or tenant.limits.tokens_per_minute):
-                usage = self._state.accountant.local.rate_usage(tenant.name, tenant.limits, time.time())
-                attempt.rate_limits = rate_limit_headers(usage)
-
-    async def _within_limits(
-        self,
-        parsed: ParsedRequest,
-        request: RouteRequest,
-        route: Route,
-        targets: tuple[str, ...],
-        decision: Decision,
-        attempt: Attempt,
-    ) -> tuple[Decision, Reservation | None]:
+        budget, the tenant's rule decides: decide again without hosted models (reason ``budget``), or 429."""
         tenant = attempt.tenant
         if tenant is None or tenant.limits.unlimited:
             # Nothing to reserve, but a stream cut off before its usage came is booked at this worst case.
@@ -176,6 +161,13 @@ class Admission:
                 raise _quota_error(refused) from None
             except QuotaExceeded as again:
                 raise _quota_error(again) from None
+
+    def _note_rate_usage(self, attempt: Attempt) -> None:
+        """Where a tenant with per-minute limits stands after this request, for OpenAI's rate-limit headers."""
+        tenant = attempt.tenant
+        if tenant is not None and (tenant.limits.requests_per_minute or tenant.limits.tokens_per_minute):
+            usage = self._state.accountant.local.rate_usage(tenant.name, tenant.limits, time.time())
+            attempt.rate_limits = rate_limit_headers(usage)
 
     async def _hold(self, parsed: ParsedRequest, decision: Decision, attempt: Attempt) -> Reservation:
         """Reserve a true upper bound: every choice at its output limit, and a prompt of as many tokens as
