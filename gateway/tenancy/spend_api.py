@@ -3,13 +3,13 @@ their single requests, ``GET /v1/spend/logs`` and ``GET /admin/spend/logs``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.state import GatewayState
-from spillgate.gateway.tenancy.spend_logs import CURSOR, LIMIT, SINCE, UNTIL, spend_logs
+from spillgate.gateway.tenancy.spend_logs import LogFilters, spend_logs
 from spillgate.gateway.tenancy.tenants import ANONYMOUS
 
 _HOURS = Query(default=1.0, gt=0, le=24, description="how far back the series goes")
@@ -26,20 +26,9 @@ def spend_router(state: GatewayState) -> APIRouter:
         return await _tenant_report(state, _own_tenant(state, request), hours, bucket_s)
 
     @router.get("/v1/spend/logs")
-    async def own_logs(
-        request: Request,
-        route: str | None = None,
-        user: str | None = None,
-        since: str | None = SINCE,
-        until: str | None = UNTIL,
-        limit: int = LIMIT,
-        cursor: str | None = CURSOR,
-    ) -> dict[str, Any]:
+    async def own_logs(request: Request, filters: Annotated[LogFilters, Query()]) -> dict[str, Any]:
         """The caller's own requests, newest first, a page at a time; no parameter names a tenant."""
-        tenant = _own_tenant(state, request)
-        return await spend_logs(
-            state, tenant=tenant, route=route, user=user, since=since, until=until, limit=limit, cursor=cursor
-        )
+        return await spend_logs(state, _own_tenant(state, request), filters)
 
     @router.get("/admin/spend")
     async def any_spend(
@@ -55,20 +44,11 @@ def spend_router(state: GatewayState) -> APIRouter:
 
     @router.get("/admin/spend/logs")
     async def any_logs(
-        request: Request,
-        tenant: str | None = None,
-        route: str | None = None,
-        user: str | None = None,
-        since: str | None = SINCE,
-        until: str | None = UNTIL,
-        limit: int = LIMIT,
-        cursor: str | None = CURSOR,
+        request: Request, filters: Annotated[LogFilters, Query()], tenant: str | None = None
     ) -> dict[str, Any]:
         """Every tenant's requests (or one tenant's), newest first, a page at a time, for operators."""
         state.tenants.authenticate_admin(request.headers.get("authorization"))
-        return await spend_logs(
-            state, tenant=tenant, route=route, user=user, since=since, until=until, limit=limit, cursor=cursor
-        )
+        return await spend_logs(state, tenant, filters)
 
     return router
 

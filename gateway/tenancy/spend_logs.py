@@ -9,16 +9,28 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from fastapi import Query
+from pydantic import BaseModel, Field
 
 from spillgate.gateway.accounting.logs import DEFAULT_LIMIT, MAX_LIMIT, BadCursor, LogQuery, ReadTooSlow
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.state import GatewayState
 
-LIMIT = Query(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="rows per page")
-SINCE = Query(default=None, description="oldest time included: unix seconds or ISO-8601 (UTC unless it says)")
-UNTIL = Query(default=None, description="first time excluded: unix seconds or ISO-8601 (UTC unless it says)")
-CURSOR = Query(default=None, description="the previous page's next_cursor")
+
+class LogFilters(BaseModel):
+    """The query parameters both spend-log endpoints take (``Annotated[LogFilters, Query()]``). The tenant is not
+    among them: a tenant key reads its own, and only the admin endpoint takes a ``tenant``. Times stay text until
+    :func:`spend_logs` reads them, so a caller without a valid key is told that first."""
+
+    route: str | None = None
+    user: str | None = None
+    since: str | None = Field(
+        default=None, description="oldest time included: unix seconds or ISO-8601 (UTC unless it says)"
+    )
+    until: str | None = Field(
+        default=None, description="first time excluded: unix seconds or ISO-8601 (UTC unless it says)"
+    )
+    limit: int = Field(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT, description="rows per page")
+    cursor: str | None = Field(default=None, description="the previous page's next_cursor")
 
 
 def parse_time(value: str | None, param: str) -> float | None:
@@ -47,31 +59,22 @@ def _bad_time(value: str, param: str) -> ApiError:
     )
 
 
-async def spend_logs(
-    state: GatewayState,
-    *,
-    tenant: str | None,
-    route: str | None,
-    user: str | None,
-    since: str | None,
-    until: str | None,
-    limit: int,
-    cursor: str | None,
-) -> dict[str, Any]:
-    """One page of the ledger's entries, newest first, as ``{"object": "list", "data", "has_more",
-    "next_cursor"}``."""
-    start, end = parse_time(since, "since"), parse_time(until, "until")
+async def spend_logs(state: GatewayState, tenant: str | None, filters: LogFilters) -> dict[str, Any]:
+    """One page of the ledger's entries (``tenant``'s, or every tenant's for ``None``), newest first, as
+    ``{"object": "list", "data", "has_more", "next_cursor"}``."""
+    start, end = parse_time(filters.since, "since"), parse_time(filters.until, "until")
     if start is not None and end is not None and start >= end:
         raise ApiError(422, "'since' must be before 'until'.", param="since", code="invalid_value")
+    route = filters.route
     known = state.routes.get(route) if route is not None else None
     query = LogQuery(
         tenant=tenant,
         route=known.name if known is not None else route,  # an alias reads its route; a removed route its name
-        user=user,
+        user=filters.user,
         since=start,
         until=end,
-        limit=limit,
-        cursor=cursor,
+        limit=filters.limit,
+        cursor=filters.cursor,
     )
     try:
         page = await state.accountant.ledger.logs(query)
