@@ -46,6 +46,17 @@ def finite(value: Any) -> float:
     return number
 
 
+def first_bucket(now: float, window_s: int, bucket_s: int) -> float:
+    """Where a series over the last ``window_s`` starts: rounded down to a whole bucket, so none is cut short."""
+    return math.floor((now - window_s) / bucket_s) * bucket_s
+
+
+def series_panel(rows: list[dict[str, Any]], *, since: float, now: float, bucket_s: int) -> dict[str, Any]:
+    """A panel of rows per bucket (``t``: its start) from ``since`` to ``now``, as the page's charts read it; each
+    panel adds its own figures."""
+    return {"configured": True, "since": since, "until": now, "bucket_s": bucket_s, "series": rows}
+
+
 def _row(raw: dict[str, Any]) -> dict[str, Any]:
     kind = str(raw["kind"])
     if kind not in KINDS:
@@ -94,7 +105,7 @@ async def spend_panel(
     (checked again here, so a ledger that ignored the argument still leaks nothing)."""
     if ledger is None:
         return {"configured": False, "message": NOT_CONFIGURED}
-    since = math.floor((now - window_s) / bucket_s) * bucket_s
+    since = first_bucket(now, window_s, bucket_s)
     try:
         rows = [_row(r) for r in await call_maybe_async(ledger.series, tenant, bucket_s, since)]
         raw_totals = await call_maybe_async(ledger.totals, tenant)
@@ -106,12 +117,7 @@ async def spend_panel(
         rows = [r for r in rows if r["tenant"] == tenant]
     rows = [r for r in rows if r["t"] >= since]
     rows.sort(key=lambda r: (r["t"], r["tenant"], r["kind"]))
-    return {
-        "configured": True,
-        "since": since,
-        "until": now,
-        "bucket_s": bucket_s,
-        "series": rows,
+    return series_panel(rows, since=since, now=now, bucket_s=bucket_s) | {
         "window": _window(rows),
         "totals": totals,
         "totals_period": period,

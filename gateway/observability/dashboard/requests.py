@@ -6,10 +6,15 @@ not available. A tenant's rows are checked again here, so a ledger that ignored 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
-from spillgate.gateway.observability.dashboard.ledger import NOT_CONFIGURED, call_maybe_async, finite
+from spillgate.gateway.observability.dashboard.ledger import (
+    NOT_CONFIGURED,
+    call_maybe_async,
+    finite,
+    first_bucket,
+    series_panel,
+)
 
 log = logging.getLogger("spillgate.dashboard")
 
@@ -59,7 +64,7 @@ async def failures_panel(
     method = getattr(ledger, "failures", None)
     if method is None:
         return {"configured": False, "message": NOT_CONFIGURED}
-    since = math.floor((now - window_s) / bucket_s) * bucket_s
+    since = first_bucket(now, window_s, bucket_s)
     try:
         rows = [_failure_row(r) for r in await call_maybe_async(method, tenant, bucket_s, since)]
     except Exception as exc:
@@ -69,12 +74,7 @@ async def failures_panel(
     by_outcome: dict[str, int] = {}
     for row in rows:
         by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + row["requests"]
-    return {
-        "configured": True,
-        "since": since,
-        "until": now,
-        "bucket_s": bucket_s,
-        "series": rows,
+    return series_panel(rows, since=since, now=now, bucket_s=bucket_s) | {
         "by_outcome": dict(sorted(by_outcome.items())),
         "total": sum(by_outcome.values()),
     }
