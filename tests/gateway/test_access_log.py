@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,8 +18,15 @@ import openai
 import orjson
 import pytest
 
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
-from tests.support.procs import RunningProcess, free_port, start_process
+from tests.support.gateway import (
+    OTHER_KEY,
+    TENANT_KEY,
+    gateway_config,
+    start_gateway,
+    start_lying_replica,
+    start_replica,
+)
+from tests.support.procs import RunningProcess
 
 ADMIN_KEY = "sk-test-admin-0123"
 WRONG_KEY = "sk-wrong-SECRET-4711"
@@ -51,17 +56,11 @@ FIELDS = {
 }
 
 
-def start_liar(log_dir: Path, mode: str) -> RunningProcess:
-    port = free_port()
-    command = [sys.executable, "-m", "tests.gateway.lying_replica", "--port", str(port), "--mode", mode]
-    return start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=30, name=f"liar-{mode}")
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     log_dir = tmp_path_factory.mktemp("access-log")
     good = start_replica(log_dir, "--time-scale", "0.02")
-    liars = [start_liar(log_dir, "garbage"), start_liar(log_dir, "hang")]
+    liars = [start_lying_replica(log_dir, "garbage"), start_lying_replica(log_dir, "hang")]
     config = gateway_config([good.url])
     config["pools"] += [
         {"name": "solo", "served_model": "sim-model", "replicas": [liars[0].url]},

@@ -5,16 +5,14 @@ Each lying replica is a real process (:mod:`tests.gateway.lying_replica`) next t
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
-from tests.support.procs import RunningProcess, free_port, start_process
+from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_lying_replica, start_replica
+from tests.support.procs import RunningProcess
 
 AUTH = {"authorization": f"Bearer {TENANT_KEY}"}
 HELLO = [{"role": "user", "content": "hello"}]
@@ -22,17 +20,11 @@ THRESHOLD = 3
 REPLICA_KEY = "replica-SECRET-77"
 
 
-def start_liar(log_dir: Path, mode: str) -> RunningProcess:
-    port = free_port()
-    command = [sys.executable, "-m", "tests.gateway.lying_replica", "--port", str(port), "--mode", mode]
-    return start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=30, name=f"liar-{mode}")
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     log_dir = tmp_path_factory.mktemp("faulty-replicas")
     good = start_replica(log_dir, "--time-scale", "0.02")
-    liars = {mode: start_liar(log_dir, mode) for mode in ("garbage", "broken_midstream", "hang", "echo_key")}
+    liars = {mode: start_lying_replica(log_dir, mode) for mode in ("garbage", "broken_midstream", "hang", "echo_key")}
     pools = {
         "mixed": [liars["garbage"].url, good.url],  # mixed-0 lies, mixed-1 is sound
         "hung": [liars["hang"].url, good.url],

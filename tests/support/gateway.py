@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import yaml
 from openai.types import CompletionUsage
 
 from spillgate.gateway.control.config import RECOMMENDED_SGLANG_FLAGS
-from tests.support.procs import RunningProcess, free_port, start_spillgate
+from tests.support.procs import RunningProcess, free_port, start_process, start_spillgate
 
 TENANT_KEY = "sk-test-tenant"
 OTHER_KEY = "sk-test-other"
@@ -59,6 +60,14 @@ def start_replica(tmp_path: Path, *args: str, port: int | None = None, bare: boo
         log_dir=tmp_path,
         ready_path="/health" if vllm else "/ready",  # vLLM has no /ready; SGLang's /health runs a generation
     )
+
+
+def start_lying_replica(log_dir: Path, mode: str) -> RunningProcess:
+    """A replica that passes every probe and fails every request, the ``mode`` way of
+    :mod:`tests.gateway.lying_replica`."""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.gateway.lying_replica", "--port", str(port), "--mode", mode]
+    return start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=30, name=f"liar-{mode}")
 
 
 def serve_one_slow_replica(log_dir: Path, edit: Callable[[dict[str, Any]], None]) -> Iterator[RunningProcess]:
