@@ -25,17 +25,14 @@ from tests.gateway.test_live_config import (
     put,
     serve,
 )
-from tests.support.gateway import TENANT_KEY, start_replica
+from tests.support.gateway import TENANT_KEY, running_replicas, start_replica
 from tests.support.procs import RunningProcess, free_port
 
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningProcess]]:
-    log_dir = tmp_path_factory.mktemp("truth-replicas")
-    procs = [start_replica(log_dir, "--time-scale", "0.05") for _ in range(2)]
-    yield procs
-    for proc in procs:
-        proc.stop()
+    """Two replicas of this module's own: ``blue`` and ``green`` in :func:`base_config`."""
+    yield from running_replicas(tmp_path_factory.mktemp("truth-replicas"), 2, "--time-scale", "0.05")
 
 
 def health(gateway: RunningProcess) -> dict[str, Any]:

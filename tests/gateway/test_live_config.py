@@ -16,7 +16,7 @@ import pytest
 import redis
 import yaml
 
-from tests.support.gateway import TENANT_KEY
+from tests.support.gateway import TENANT_KEY, running_replicas
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 ADMIN_KEY = "sk-test-admin"
@@ -26,13 +26,8 @@ TENANT = {"authorization": f"Bearer {TENANT_KEY}"}
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningProcess]]:
-    from tests.support.gateway import start_replica
-
-    log_dir = tmp_path_factory.mktemp("live-replicas")
-    procs = [start_replica(log_dir, "--time-scale", "0.05") for _ in range(2)]
-    yield procs
-    for proc in procs:
-        proc.stop()
+    """Two replicas of this module's own: ``blue`` and ``green`` in :func:`base_config`."""
+    yield from running_replicas(tmp_path_factory.mktemp("live-replicas"), 2, "--time-scale", "0.05")
 
 
 def base_config(replicas: list[RunningProcess], data_dir: Path, **state: Any) -> dict[str, Any]:

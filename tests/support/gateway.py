@@ -70,6 +70,19 @@ def start_lying_replica(log_dir: Path, mode: str) -> RunningProcess:
     return start_process(command, port=port, log_dir=log_dir, ready_path="/ready", timeout=30, name=f"liar-{mode}")
 
 
+def running_replicas(log_dir: Path, count: int, *args: str) -> Iterator[list[RunningProcess]]:
+    """``count`` simulated replicas started with ``args``, for a fixture to ``yield from``: all stop when the
+    generator is closed, and those already started stop when a later one fails to start."""
+    started: list[RunningProcess] = []
+    try:
+        for _ in range(count):
+            started.append(start_replica(log_dir, *args))
+        yield started
+    finally:
+        for proc in started:
+            proc.stop()
+
+
 def serve_one_slow_replica(log_dir: Path, edit: Callable[[dict[str, Any]], None]) -> Iterator[RunningProcess]:
     """A gateway (its config changed by ``edit``) in front of one simulated 8B replica at a third of real
     speed, where a 6k-token prefill takes about half a second: long enough for requests to queue behind it.
