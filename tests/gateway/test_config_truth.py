@@ -8,6 +8,7 @@ import copy
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,51 @@ def save(path: Path, config: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(config))
 
 
+@contextmanager
+def serving(path: Path, log_dir: Path, port: int | None = None) -> Iterator[RunningProcess]:
+    """A gateway on the config file ``path``, stopped when the block ends."""
+    proc = serve(path, log_dir, port)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def saved_config(replicas: list[RunningProcess], tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """The base config saved as the file a gateway starts with, and that config for the test to change and save."""
+    path = tmp_path / "spillgate.yaml"
+    config = base_config(replicas, tmp_path / "data")
+    save(path, config)
+    return path, config
+
+
+def two_configs(replicas: list[RunningProcess], tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The shared data directory and two config files keeping their state there: ``one`` routes to blue,
+    ``two`` to green."""
+    data = tmp_path / "data"
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    save(one, base_config(replicas, data))
+    other = base_config(replicas, data)
+    other["routes"][0]["targets"] = ["green"]
+    save(two, other)
+    return data, one, two
+
+
+def switch_to_round_robin(path: Path, log_dir: Path) -> None:
+    """Run a gateway on ``path`` just long enough to switch its route to round_robin through the admin API, as
+    version 2."""
+    with serving(path, log_dir) as proc:
+        edited = current(proc)["config"]
+        edited["routes"][0]["policy"] = "round_robin"
+        assert put(proc, edited).json()["version"] == 2
+
+
+def config_history(gateway: RunningProcess) -> dict[str, Any]:
+    response = httpx.get(gateway.url + "/admin/config/history", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 def warning_lines(gateway: RunningProcess, text: str) -> list[str]:
     """The gateway's log lines holding ``text``, each checked to be at WARNING or above."""
     lines = [line for line in gateway.log().splitlines() if text in line]
@@ -54,11 +100,8 @@ def warning_lines(gateway: RunningProcess, text: str) -> list[str]:
 
 
 def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[RunningProcess], tmp_path: Path) -> None:
-    path = tmp_path / "spillgate.yaml"
-    config = base_config(replicas, tmp_path / "data")
-    save(path, config)
-    proc = serve(path, tmp_path)
-    try:
+    path, config = saved_config(replicas, tmp_path)
+    with serving(path, tmp_path) as proc:
         edited = current(proc)["config"]
         edited["pools"][0]["replicas"].append(replicas[1].url)  # a replica added through the API
         assert put(proc, edited).json()["version"] == 2
@@ -88,16 +131,11 @@ def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[Runn
         assert shown["file"]["in_sync"] and shown["warnings"] == [] and health(proc)["config_warnings"] == []
         assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
         assert backend_of(proc, "assistant").startswith("blue-")
-    finally:
-        proc.stop()
 
 
 def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp_path: Path) -> None:
-    path = tmp_path / "spillgate.yaml"
-    config = base_config(replicas, tmp_path / "data")
-    save(path, config)
-    proc = serve(path, tmp_path)
-    try:
+    path, config = saved_config(replicas, tmp_path)
+    with serving(path, tmp_path) as proc:
         edited = current(proc)["config"]
         edited["routes"][0]["targets"] = ["green"]
         assert put(proc, edited).status_code == 200
@@ -118,30 +156,22 @@ def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp
         shown = current(proc)
         assert shown["file"]["in_sync"] and shown["warnings"] == []
         assert warning_lines(proc, "config version 3 applied from the config file")
-        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        history = config_history(proc)
         assert history["versions"][-1]["author"].startswith("file (reloaded by admin:")
-    finally:
-        proc.stop()
 
 
 def test_an_accepted_api_edit_survives_restarts(replicas: list[RunningProcess], tmp_path: Path) -> None:
-    path = tmp_path / "spillgate.yaml"
-    config = base_config(replicas, tmp_path / "data")
-    save(path, config)
+    path, config = saved_config(replicas, tmp_path)
     port = free_port()
-    proc = serve(path, tmp_path, port)
-    try:
+    with serving(path, tmp_path, port) as proc:
         edited = current(proc)["config"]
         edited["pools"][0]["replicas"].append(replicas[1].url)
         assert put(proc, edited).json()["version"] == 2
-    finally:
-        proc.stop()
 
     config["routes"][0]["aliases"] = ["assistant"]  # the file changes while the gateway is stopped
     save(path, config)
     for _ in range(2):  # and a second restart, with nothing changed, keeps it alike
-        proc = serve(path, tmp_path, port)
-        try:
+        with serving(path, tmp_path, port) as proc:
             shown = current(proc)
             assert shown["version"] == 2, "the edit the file lacks keeps running"
             assert shown["config"]["pools"][0]["replicas"] == [replicas[0].url, replicas[1].url]
@@ -149,55 +179,32 @@ def test_an_accepted_api_edit_survives_restarts(replicas: list[RunningProcess], 
             assert shown["file"]["not_applied"]["would_undo"] == ["pools.0.replicas.1"]
             assert "would undo 1 change(s)" in health(proc)["config_warnings"][0]
             assert warning_lines(proc, "would undo 1 change(s)")
-        finally:
-            proc.stop()
 
     config["pools"][0]["replicas"].append(replicas[1].url)  # the file takes the edit in while stopped
     save(path, config)
-    proc = serve(path, tmp_path, port)
-    try:
+    with serving(path, tmp_path, port) as proc:
         shown = current(proc)
         assert shown["version"] == 3 and shown["file"]["in_sync"] and shown["warnings"] == []
         assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
         assert backend_of(proc, "assistant").startswith("blue-")
         assert warning_lines(proc, "config version 3 applied from the config file")
-    finally:
-        proc.stop()
 
 
 def test_two_configs_in_one_data_directory_keep_separate_histories(
     replicas: list[RunningProcess], tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
-    save(one, base_config(replicas, data))
-    other = base_config(replicas, data)
-    other["routes"][0]["targets"] = ["green"]
-    save(two, other)
-
-    proc = serve(one, tmp_path)
-    try:
-        edited = current(proc)["config"]
-        edited["routes"][0]["policy"] = "round_robin"
-        assert put(proc, edited).json()["version"] == 2
-    finally:
-        proc.stop()
-    proc = serve(two, tmp_path)
-    try:
-        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+    data, one, two = two_configs(replicas, tmp_path)
+    switch_to_round_robin(one, tmp_path)
+    with serving(two, tmp_path) as proc:
+        history = config_history(proc)
         assert [v["version"] for v in history["versions"]] == [1] and history["current"] == 1
         assert history["history"]["config"] == str(two)
         assert backend_of(proc) == "green-0" and current(proc)["config"]["routes"][0]["policy"] == "least_load"
-    finally:
-        proc.stop()
-    proc = serve(one, tmp_path)
-    try:
-        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+    with serving(one, tmp_path) as proc:
+        history = config_history(proc)
         assert [v["version"] for v in history["versions"]] == [1, 2], "its own versions, the edit included"
         assert history["history"]["config"] == str(one)
         assert current(proc)["config"]["routes"][0]["policy"] == "round_robin"
-    finally:
-        proc.stop()
     files = sorted(p.name for p in data.glob("config-history*"))
     assert len(files) == 2 and all(name.startswith(("config-history.one.", "config-history.two.")) for name in files)
     for name in files:
@@ -208,47 +215,28 @@ def test_two_configs_in_one_data_directory_keep_separate_histories(
 def test_a_history_from_before_owners_is_adopted_only_by_its_config(
     replicas: list[RunningProcess], tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
-    save(one, base_config(replicas, data))
-    other = base_config(replicas, data)
-    other["routes"][0]["targets"] = ["green"]
-    save(two, other)
-    proc = serve(one, tmp_path)
-    try:
-        edited = current(proc)["config"]
-        edited["routes"][0]["policy"] = "round_robin"
-        assert put(proc, edited).status_code == 200
-    finally:
-        proc.stop()
+    data, one, two = two_configs(replicas, tmp_path)
+    switch_to_round_robin(one, tmp_path)
     # Made into a history as the gateway wrote them before histories had owners: one file, no owner line.
     [own] = data.glob("config-history.one.*.jsonl")
     legacy = data / "config-history.jsonl"
     legacy.write_text("\n".join(own.read_text().splitlines()[1:]) + "\n")
     own.unlink()
 
-    proc = serve(two, tmp_path)  # another config's versions: left alone
-    try:
+    with serving(two, tmp_path) as proc:  # another config's versions: left alone
         assert current(proc)["version"] == 1 and backend_of(proc) == "green-0"
         assert legacy.exists()
-    finally:
-        proc.stop()
-    proc = serve(one, tmp_path)  # the config the history last saw: adopted, its edit kept
-    try:
+    with serving(one, tmp_path) as proc:  # the config the history last saw: adopted, its edit kept
         shown = current(proc)
         assert shown["version"] == 2 and shown["config"]["routes"][0]["policy"] == "round_robin"
         assert not legacy.exists()
-        history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
+        history = config_history(proc)
         assert [v["version"] for v in history["versions"]] == [1, 2]
-    finally:
-        proc.stop()
 
 
 def test_a_refused_edit_lists_the_problems_of_every_check(replicas: list[RunningProcess], tmp_path: Path) -> None:
-    path = tmp_path / "spillgate.yaml"
-    save(path, base_config(replicas, tmp_path / "data"))
-    proc = serve(path, tmp_path)
-    try:
+    path, _ = saved_config(replicas, tmp_path)
+    with serving(path, tmp_path) as proc:
         before = current(proc)
         config = copy.deepcopy(before["config"])
         config["limits"] = {"max_tokens": -5}  # the schema
@@ -288,18 +276,13 @@ def test_a_refused_edit_lists_the_problems_of_every_check(replicas: list[Running
         assert set(problems) == {"pools.1.replicas.0", "tenants.0.routes.1"}, problems
         assert problems["tenants.0.routes.1"] == "tenant 'tenant-a' names unknown route 'nope'"
         assert backend_of(proc) == "blue-0"
-    finally:
-        proc.stop()
 
 
 def test_config_changes_are_logged_at_the_default_level_without_secrets(
     replicas: list[RunningProcess], tmp_path: Path
 ) -> None:
-    path = tmp_path / "spillgate.yaml"
-    config = base_config(replicas, tmp_path / "data")
-    save(path, config)
-    proc = serve(path, tmp_path)  # no --log-level: warning
-    try:
+    path, config = saved_config(replicas, tmp_path)
+    with serving(path, tmp_path) as proc:  # no --log-level: warning
         edited = current(proc)["config"]
         edited["routes"][0]["policy"] = "round_robin"
         edited["tenants"][0]["keys"].append("sk-a-brand-new-tenant-key")
@@ -327,52 +310,39 @@ def test_config_changes_are_logged_at_the_default_level_without_secrets(
         assert warning_lines(proc, "config change from the config file")
         log = proc.log()
         assert "sk-a-brand-new-tenant-key" not in log and TENANT_KEY not in log
-    finally:
-        proc.stop()
 
 
 def test_a_key_sent_through_the_api_survives_a_restart(replicas: list[RunningProcess], tmp_path: Path) -> None:
     key = "sk-sent-through-the-admin-api"
     keyed = start_replica(tmp_path, "--time-scale", "0.05", "--api-key", key)
-    path = tmp_path / "spillgate.yaml"
+    path, _ = saved_config(replicas, tmp_path)
     data = tmp_path / "data"
-    save(path, base_config(replicas, data))
     port = free_port()
     try:
-        proc = serve(path, tmp_path, port)
-        try:
+        with serving(path, tmp_path, port) as proc:
             edited = current(proc)["config"]
             pool = {"name": "keyed", "served_model": "sim-model", "replicas": [keyed.url], "api_key": key}
             edited["pools"].append(pool)
             edited["routes"].append({"name": "keyed", "targets": ["keyed"]})
             assert put(proc, edited).status_code == 200
             assert backend_of(proc, "keyed") == "keyed-0"
-        finally:
-            proc.stop()
         [history] = data.glob("config-history.*.jsonl")
         [secrets] = data.glob("config-secrets.*.json")
         assert key not in history.read_text(), "versions are stored without secrets"
         assert key in secrets.read_text() and secrets.stat().st_mode & 0o077 == 0
 
-        proc = serve(path, tmp_path, port)
-        try:
+        with serving(path, tmp_path, port) as proc:
             assert current(proc)["version"] == 2 and current(proc)["warnings"] == []
             assert backend_of(proc, "keyed") == "keyed-0", "the replica still gets the key"
-        finally:
-            proc.stop()
 
         secrets.unlink()  # the key is gone: the version cannot run, and the file runs instead, loudly
-        proc = serve(path, tmp_path, port)
-        try:
+        with serving(path, tmp_path, port) as proc:
             shown = current(proc)
             assert shown["version"] == 3 and [p["name"] for p in shown["config"]["pools"]] == ["blue", "green"]
             [warning] = health(proc)["config_warnings"]
             assert "config version 2 could not be restored" in warning and "pools.2.api_key" in warning
             assert warning_lines(proc, "config version 2 could not be restored")
-            assert [
-                v["version"] for v in httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()["versions"]
-            ] == [1, 2, 3], "version 2 stays in the history"
-        finally:
-            proc.stop()
+            history = config_history(proc)
+            assert [v["version"] for v in history["versions"]] == [1, 2, 3], "version 2 stays in the history"
     finally:
         keyed.stop()
