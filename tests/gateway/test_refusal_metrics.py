@@ -7,6 +7,7 @@ A real gateway process over a simulated replica, read through ``/metrics`` as Pr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -14,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spillgate.gateway.serving.rate_headers import duration
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_over_one_replica
 from tests.support.procs import RunningProcess
 
 METRICS_TOKEN = "sk-test-metrics-token"
@@ -24,21 +25,18 @@ HELLO = [{"role": "user", "content": "hello"}]
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
-    log_dir = tmp_path_factory.mktemp("refusal-metrics")
-    replica = start_replica(log_dir, "--time-scale", "0.02")
-    config = gateway_config([replica.url])
+def paced_tenant_and_labelled_metrics(config: dict[str, Any]) -> None:
+    """A tenant with per-minute limits, and metrics labelled by tenant behind a token."""
     config["tenants"].append(
         {"name": "paced", "keys": [PACED_KEY], "limits": {"requests_per_minute": 3, "tokens_per_minute": 100_000}}
     )
     config["metrics"] = {"tenant_labels": True, "token": METRICS_TOKEN}
-    proc = start_gateway(config, log_dir)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        replica.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    log_dir = tmp_path_factory.mktemp("refusal-metrics")
+    yield from gateway_over_one_replica(log_dir, paced_tenant_and_labelled_metrics, "--time-scale", "0.02")
 
 
 def samples(gateway: RunningProcess, name: str) -> dict[frozenset[tuple[str, str]], float]:

@@ -83,19 +83,29 @@ def running_replicas(log_dir: Path, count: int, *args: str) -> Iterator[list[Run
             proc.stop()
 
 
+def gateway_over_one_replica(
+    log_dir: Path, edit: Callable[[dict[str, Any]], None], *replica_args: str
+) -> Iterator[RunningProcess]:
+    """A gateway (the :func:`gateway_config` changed by ``edit``) in front of one simulated replica started with
+    ``replica_args``, for a fixture to ``yield from``. Stops both when the generator is closed."""
+    replica = start_replica(log_dir, *replica_args)
+    try:
+        config = gateway_config([replica.url])
+        edit(config)
+        gateway = start_gateway(config, log_dir)
+        try:
+            yield gateway
+        finally:
+            gateway.stop()
+    finally:
+        replica.stop()
+
+
 def serve_one_slow_replica(log_dir: Path, edit: Callable[[dict[str, Any]], None]) -> Iterator[RunningProcess]:
     """A gateway (its config changed by ``edit``) in front of one simulated 8B replica at a third of real
     speed, where a 6k-token prefill takes about half a second: long enough for requests to queue behind it.
     Stops both when the generator is closed."""
-    replica = start_replica(log_dir, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
-    config = gateway_config([replica.url])
-    edit(config)
-    gateway = start_gateway(config, log_dir)
-    try:
-        yield gateway
-    finally:
-        gateway.stop()
-        replica.stop()
+    yield from gateway_over_one_replica(log_dir, edit, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
 
 
 def words(tag: str, count: int) -> str:
