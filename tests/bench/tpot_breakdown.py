@@ -284,11 +284,76 @@ def header(first: str) -> list[str]:
     return ["| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
 
 
+@dataclass(frozen=True)
+class Fit:
+    """TPOT against the prefill work of each run: one slope for all rows, an intercept per row (least squares).
+
+    Runs of one row differ in hit rate from seed to seed, and so in the prefill work the replicas did; the
+    offset between two rows' intercepts is their TPOT difference at equal prefill work."""
+
+    slope_ms_per_ktok: float
+    intercepts_ms: dict[str, float]
+    residual_sd_ms: float
+
+    def offset(self, row: str, reference: str) -> float:
+        return self.intercepts_ms[row] - self.intercepts_ms[reference]
+
+
+def fit(points: dict[str, list[tuple[float, float]]]) -> Fit | None:
+    """``points``: per row, (new prefill tokens in thousands, TPOT ms) of each run."""
+    pooled_var = pooled_cov = 0.0
+    means: dict[str, tuple[float, float]] = {}
+    for row, xy in points.items():
+        if not xy:
+            continue
+        mx, my = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
+        means[row] = (mx, my)
+        pooled_var += sum((x - mx) ** 2 for x, _ in xy)
+        pooled_cov += sum((x - mx) * (y - my) for x, y in xy)
+    runs = sum(len(xy) for xy in points.values())
+    if not pooled_var or runs <= len(means) + 1:
+        return None
+    slope = pooled_cov / pooled_var
+    intercepts = {row: my - slope * mx for row, (mx, my) in means.items()}
+    residuals = [y - intercepts[row] - slope * x for row, xy in points.items() for x, y in xy]
+    sd = (sum(r * r for r in residuals) / (runs - len(means) - 1)) ** 0.5
+    return Fit(slope, intercepts, sd)
+
+
+def fit_lines(rows: dict[str, list[list[ReplicaFigures]]]) -> list[str]:
+    """Each row's TPOT (mean and p50) at equal prefill work, against sglang-router's (or the first row's)."""
+    reference = "sglang-router" if "sglang-router" in rows else next(iter(rows))
+    lines = []
+    for key in ("client_tpot_mean_ms", "client_tpot_p50_ms"):
+        points = {
+            kind: [
+                (figures[-1].get("prefill_tokens") / 1000, figures[-1].to_json()[key])
+                for figures in runs
+                if figures[-1].to_json()[key] is not None
+            ]
+            for kind, runs in rows.items()
+        }
+        found = fit(points)
+        if found is None:
+            continue
+        offsets = ", ".join(
+            f"{kind} {found.offset(kind, reference):+.2f} ms" for kind in rows if kind != reference and kind in points
+        )
+        lines.append(
+            f"- {key.removeprefix('client_').replace('_ms', '')}: {found.slope_ms_per_ktok:+.3f} ms per 1,000 new "
+            f"prefill tokens a run; at equal prefill work, against {reference}: {offsets or '-'} (residual sd "
+            f"{found.residual_sd_ms:.2f} ms)"
+        )
+    return lines
+
+
 def render(results: dict[str, dict[str, list[list[ReplicaFigures]]]], seeds: list[int]) -> str:
     lines: list[str] = []
     for workload, rows in results.items():
         lines += [f"## {workload}: cluster, seeds {', '.join(map(str, seeds))} pooled", "", *header("router")]
         lines += [table_row(kind, pool_runs(runs)) for kind, runs in rows.items()]
+        lines += ["", "TPOT against the prefill work of each run (one slope, an intercept per router):", ""]
+        lines += fit_lines(rows)
         lines.append("")
         for kind, runs in rows.items():
             for seed, figures in zip(seeds, runs, strict=True):
