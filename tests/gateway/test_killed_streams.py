@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, kill_while_streaming, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 STREAMS = 12
@@ -104,14 +104,7 @@ def test_streams_cut_off_by_a_killed_gateway_are_booked_once_at_their_worst_case
     gateway = start_gateway(config, tmp_path)
     try:
         streams = [Stream(gateway.url, index) for index in range(STREAMS)]
-        for stream in streams:
-            stream.start()
-        for stream in streams:
-            assert stream.started.wait(30)
-        gateway.popen.kill()
-        gateway.popen.wait(timeout=10)
-        for stream in streams:
-            stream.join(10)
+        kill_while_streaming(gateway, streams)
         cut_off = {stream.request_id: stream.tokens for stream in streams if not stream.finished}
         assert len(cut_off) == STREAMS and all(tokens >= 3 for tokens in cut_off.values()), cut_off
         assert not set(cut_off) & {request for request, _, _ in ledger_rows(data_dir)}, "none ended before the kill"

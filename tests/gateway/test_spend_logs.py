@@ -17,7 +17,14 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import (
+    OTHER_KEY,
+    TENANT_KEY,
+    gateway_config,
+    kill_while_streaming,
+    start_gateway,
+    start_replica,
+)
 from tests.support.procs import RunningProcess
 
 ADMIN_KEY = "sk-test-admin"
@@ -337,14 +344,7 @@ def test_a_killed_gateway_s_streams_are_booked_with_their_user(tmp_path: Path) -
     gateway = start_gateway(made, tmp_path)
     try:
         streams = [Stream(gateway.url, user) for user in ("carol", "dave")]
-        for stream in streams:
-            stream.start()
-        for stream in streams:
-            assert stream.started.wait(30)
-        gateway.popen.kill()
-        gateway.popen.wait(timeout=10)
-        for stream in streams:
-            stream.join(10)
+        kill_while_streaming(gateway, streams)
         gateway = start_gateway(made, tmp_path)
         rows = logs(gateway, ADMIN)["data"]
         booked = {row["request_id"]: (row["user"], row["outcome"]) for row in rows}

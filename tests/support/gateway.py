@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import openai
@@ -106,6 +107,29 @@ def serve_one_slow_replica(log_dir: Path, edit: Callable[[dict[str, Any]], None]
     speed, where a 6k-token prefill takes about half a second: long enough for requests to queue behind it.
     Stops both when the generator is closed."""
     yield from gateway_over_one_replica(log_dir, edit, "--preset", "llama-3.1-8b-h100", "--time-scale", "3")
+
+
+class StreamReader(Protocol):
+    """A thread reading one streamed answer that sets ``started`` once tokens flow (or once it has ended)."""
+
+    started: threading.Event
+
+    def start(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+def kill_while_streaming(gateway: RunningProcess, streams: Sequence[StreamReader]) -> None:
+    """Start ``streams`` and, once tokens flow on each, kill the gateway outright (SIGKILL: it books nothing on the
+    way out); returns when every stream has seen its connection cut."""
+    for stream in streams:
+        stream.start()
+    for stream in streams:
+        assert stream.started.wait(30)
+    gateway.popen.kill()
+    gateway.popen.wait(timeout=10)
+    for stream in streams:
+        stream.join(10)
 
 
 def words(tag: str, count: int) -> str:
