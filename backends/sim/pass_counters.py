@@ -23,7 +23,8 @@ LOG_SIZE = 65536
 
 class PassRecord(NamedTuple):
     """One prefill pass, decode step or arrival: ``decoders`` running requests then (a decode step's batch),
-    ``requests`` in the pass (for an arrival: queued ahead of it), ``tokens`` computed (a decode step: KV read)."""
+    ``requests`` in the pass (for an arrival: queued ahead of it), ``tokens`` computed (a decode step: KV read;
+    an arrival: its prompt tokens cached then)."""
 
     seq: int
     kind: str
@@ -67,6 +68,11 @@ class PassCounters:
     """Sum over arriving requests of the requests decoding there then: the ones its prefill will keep waiting."""
     waiting_at_arrival: int = 0
     """Sum over arriving requests of the requests queued ahead of it for prefill."""
+    cached_at_arrival: int = 0
+    """Sum over arriving requests of the prompt tokens the cache held for them when they arrived."""
+    cached_at_admission: int = 0
+    """The same when they were admitted to a prefill batch (what they were served from): less, by what was
+    evicted while they queued, or more, by what a request ahead of them stored."""
 
     log: deque[PassRecord] = field(default_factory=lambda: deque(maxlen=LOG_SIZE), repr=False)
     _seq: int = field(default=0, repr=False)
@@ -84,11 +90,15 @@ class PassCounters:
         """The kept records numbered above ``seq``, oldest first."""
         return [record for record in self.log if record.seq > seq]
 
-    def arrival(self, at: float, decoders: int, waiting: int) -> None:
-        self._record("arrival", at, 0.0, decoders, waiting, 0)
+    def arrival(self, at: float, decoders: int, waiting: int, cached: int) -> None:
+        self._record("arrival", at, 0.0, decoders, waiting, cached)
+        self.cached_at_arrival += cached
         self.arrivals += 1
         self.decoders_at_arrival += decoders
         self.waiting_at_arrival += waiting
+
+    def admitted(self, cached: int) -> None:
+        self.cached_at_admission += cached
 
     def late(self, lost: float, waiting_decoders: int) -> None:
         if lost > 0 and waiting_decoders:

@@ -180,6 +180,21 @@ class RadixCache:
         length, node = self._walk(root, tokens)
         return MatchResult(length=length, node=node)
 
+    def cached_len(self, tokens: Sequence[int], namespace: str | None = None) -> int:
+        """How much of ``tokens`` a match would find now, without touching the tree (no split, no access refresh):
+        for figures that must not change what is evicted."""
+        tokens = tokens[: self._aligned(len(tokens))]
+        node = self._root(namespace, create=False)
+        matched = 0
+        while node is not None and matched < len(tokens):
+            child = node.children.get(self._child_key(tokens, matched))
+            if child is None:
+                break
+            common = self._aligned(_common_prefix_len(child.key, tokens, matched))
+            matched += common
+            node = child if common == len(child.key) else None
+        return matched
+
     def insert(self, tokens: Sequence[int], namespace: str | None = None) -> tuple[int, TreeNode]:
         """Add ``tokens`` (whole pages only); returns (length that was already cached, last node)."""
         tokens = list(tokens[: self._aligned(len(tokens))])

@@ -134,7 +134,9 @@ class Scheduler:
 
     def submit(self, req: SimRequest) -> None:
         self.start()
-        self.passes.arrival(self.now(), len(self._running), len(self._waiting) + (self._chunked is not None))
+        cached = self.cache.cached_len(req.fill_ids(req.fill_len)[:-1], req.namespace)
+        queued = len(self._waiting) + (self._chunked is not None)
+        self.passes.arrival(self.now(), len(self._running), queued, cached)
         self._waiting.append(req)
         self._idle.clear()
         self._wakeup.set()
@@ -341,6 +343,7 @@ class Scheduler:
             if first_admission:
                 req.admitted_at = self.now()
                 req.cached_tokens = match.length
+                self.passes.admitted(match.length)
             req.node, req.tree_len, req.kv_len = match.node, match.length, match.length + chunk
             items.append(_PrefillItem(req, chunk, prefix=match.length, hit=match.length if first_admission else 0))
             reserved += need - chunk

@@ -137,6 +137,8 @@ class ReplicaFigures:
             "prefill_s_without_decoders": self.get("prefill_idle_decoders_s"),
             "decoders_at_arrival": self.get("decoders_at_arrival") / arrivals if arrivals else None,
             "queued_at_arrival": self.get("waiting_at_arrival") / arrivals if arrivals else None,
+            "cached_at_arrival": self.get("cached_at_arrival"),
+            "cached_at_admission": self.get("cached_at_admission"),
             "replica_tpot_mean_ms": (
                 1000.0 * self.get("sglang:request_time_per_output_token_seconds_sum") / count if count else None
             ),
@@ -239,6 +241,7 @@ def _f(value: float | None, digits: int = 1) -> str:
 _HEADER = (
     "req", "hit", "new prefill tok", "prefill passes / s", "decode steps / s", "mean batch", "step ms",
     "KV tok/step", "ITL = step + prefill stall + late ms", "decoders per prefill s", "decoders / queued at arrival",
+    "cached tok at arrival / admission",
     "replica TPOT ms",
     "client TPOT mean / p50 ms",
 )  # fmt: skip
@@ -261,6 +264,7 @@ def table_row(name: str, fig: ReplicaFigures) -> str:
         itl,
         _f(j["decoders_per_prefill_s"]),
         f"{_f(j['decoders_at_arrival'])} / {_f(j['queued_at_arrival'], 2)}",
+        f"{j['cached_at_arrival']:,.0f} / {j['cached_at_admission']:,.0f}",
         _f(j["replica_tpot_mean_ms"]),
         f"{_f(j['client_tpot_mean_ms'])} / {_f(j['client_tpot_p50_ms'])}",
     ]
@@ -274,7 +278,8 @@ def summary(fig: ReplicaFigures) -> str:
         f"hit {_f(100 * (j['hit'] or 0))}%, ITL {_f(j['itl_decode_ms'])} + {_f(j['itl_prefill_stall_ms'])} + "
         f"{_f(j['itl_late_ms'])} ms, batch {_f(j['mean_decode_batch'])}, decoders/prefill s "
         f"{_f(j['decoders_per_prefill_s'])}, at arrival {_f(j['decoders_at_arrival'])} decoding "
-        f"{_f(j['queued_at_arrival'], 2)} queued, {j['prefill_passes']:.0f} prefill passes, TPOT replica "
+        f"{_f(j['queued_at_arrival'], 2)} queued, cached at arrival {j['cached_at_arrival']:,.0f} tokens, at "
+        f"admission {j['cached_at_admission']:,.0f}, {j['prefill_passes']:.0f} prefill passes, TPOT replica "
         f"{_f(j['replica_tpot_mean_ms'])} client {_f(j['client_tpot_mean_ms'])} (p50 {_f(j['client_tpot_p50_ms'])}) ms"
     )
 

@@ -10,6 +10,7 @@ import pytest
 
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.engine import GenerationParams
+from spillgate.backends.sim.radix_cache import RadixCache
 from spillgate.backends.sim.replica import Replica
 from tests.sim.helpers import distinct_ids, generate
 
@@ -64,3 +65,27 @@ def test_the_route_serves_the_counters_and_they_grow_with_work(client: httpx.Cli
     assert log["fields"] == ["seq", "kind", "start", "duration", "decoders", "requests", "tokens"]
     kinds = {row[1] for row in log["records"]}
     assert {"arrival", "prefill", "decode"} <= kinds
+
+
+def test_looking_up_what_is_cached_changes_nothing_that_eviction_sees() -> None:
+    cache = RadixCache()
+    cache.insert([1, 2, 3, 4])
+    cache.insert([5, 6, 7, 8])
+    assert cache.cached_len([1, 2, 3, 9]) == 3  # inside an edge: not split
+    assert cache.cached_len([1, 2, 3, 4, 5]) == 4 and cache.cached_len([9]) == 0
+    assert cache.cached_len([1, 2], namespace="other") == 0
+    assert sorted(cache.cached_sequences()) == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    cache.evict(4)  # the least recently used leaf still goes first: the lookup refreshed nothing
+    assert cache.cached_sequences() == [[5, 6, 7, 8]]
+
+
+async def test_what_a_request_found_cached_on_arrival_and_on_admission() -> None:
+    replica = Replica(ReplicaConfig(time_scale=FAST))
+    prompt = distinct_ids(2000, seed=40)
+    params = GenerationParams(max_new_tokens=4, exact_length=True)
+    await replica.engine.submit(prompt, params).result()
+    passes = replica.scheduler.passes
+    assert (passes.cached_at_arrival, passes.cached_at_admission) == (0, 0)
+    await replica.engine.submit([*prompt, 7, 7, 7], params).result()
+    assert passes.cached_at_arrival == passes.cached_at_admission == 2000
+    await replica.scheduler.stop()
