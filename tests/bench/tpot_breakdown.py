@@ -241,9 +241,7 @@ def _f(value: float | None, digits: int = 1) -> str:
 _HEADER = (
     "req", "hit", "new prefill tok", "prefill passes / s", "decode steps / s", "mean batch", "step ms",
     "KV tok/step", "ITL = step + prefill stall + late ms", "decoders per prefill s", "decoders / queued at arrival",
-    "cached tok at arrival / admission",
-    "replica TPOT ms",
-    "client TPOT mean / p50 ms",
+    "cached tok at arrival / admission", "replica TPOT ms", "client TPOT mean / p50 ms",
 )  # fmt: skip
 
 
