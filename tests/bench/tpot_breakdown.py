@@ -7,7 +7,15 @@ replica the report shows what the replica did (requests, new prefill tokens, pre
 decode steps, mean decode batch and KV read per step) and splits its mean inter-token latency into the decode
 steps themselves, the prefill passes the running requests waited on, and a simulator falling behind its time
 scale. Against that: the replica's own per-request TPOT (``sglang:request_time_per_output_token_seconds``) and
-the TPOT the client measured on the same requests, whose difference is what the relay added.
+the TPOT the client measured on the same requests, whose difference is what the relay added. What each request
+found on its replica when it arrived (requests decoding, requests queued, prompt tokens cached) and the prompt
+tokens cached when it was admitted show where a router sends work and what eviction took while it queued.
+
+Seeds move a row's hit rate by several points, and with it the prefill work and the TPOT, so each workload's
+report ends with a fit over all runs: TPOT against the run's new prefill tokens, one slope, an intercept per
+row; the intercepts' differences are the rows' TPOT differences at equal prefill work. ``--trace-dir`` keeps,
+besides the client's and spillgate's per-request records, every pass, decode step and arrival per replica
+(``*-passes.jsonl``: replica index, then the fields of ``/sim/passes/log``).
 
 Rows: ``events`` and ``belief`` (spillgate ``cache_aware`` as in ``compare_kv_events``), ``nohold`` (``events``
 with the pool's ``max_waiting_prefill_tokens: 0``: no prompt held at the gateway), ``spillgate-POLICY`` (another
