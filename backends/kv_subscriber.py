@@ -7,7 +7,10 @@ batch, in order, to a :class:`KvEventSink`, and keeps the sink's record whole:
   the engine's replay socket when it has one; otherwise the record is cleared and rebuilt from what follows;
 - numbers starting again from below the last one mean a new engine process: its cache is empty;
 - the first batch of a subscription that cannot be replayed from the start leaves the record *partial*: blocks
-  stored before the gateway listened are unknown until they are stored again.
+  stored before the gateway listened are unknown until they are stored again;
+- while a replay runs, and until the live batches queued meanwhile are applied, the record goes through what the
+  replica held in the past (a replica that has served for a while keeps thousands of batches, and replaying
+  them takes seconds): the sink is told it is *catching up*, and routes without it until it has caught up.
 
 Nothing here waits on the request path: the sink applies events in this task.
 """
@@ -51,6 +54,11 @@ class KvEventSink(Protocol):
         """Drop the replica's record: it restarted (``complete``: nothing is missing) or events were lost."""
         ...
 
+    def catching_up(self, replica: str, behind: bool) -> None:
+        """``behind``: the record is being brought up to date (a replay, or batches queued behind one) and shows
+        a past state of the replica's cache; False once it shows the present again."""
+        ...
+
 
 class KvSubscriber:
     """Follows one replica's events until :meth:`stop`; its counters are for ``/health``."""
@@ -70,6 +78,8 @@ class KvSubscriber:
         self.complete = False
         """Every block the replica stored since its cache was last empty has been seen."""
         self.errors = 0
+        self.caught_up = False
+        """Every batch the engine published so far has been applied: no replay runs and none waits in the socket."""
         self._replayed_through = -1
         """The last batch applied from the replay socket: the SUB socket may deliver it again afterwards."""
 
@@ -89,6 +99,7 @@ class KvSubscriber:
             "last_seq": self.last_seq,
             "batches": self.batches,
             "complete": self.complete,
+            "caught_up": self.caught_up,
             "lag_s": None if self.lag_s is None else round(self.lag_s, 4),
             "gaps": self.gaps,
             "last_gap_age_s": None if self.last_gap_at is None else round(time.monotonic() - self.last_gap_at, 1),
@@ -105,9 +116,11 @@ class KvSubscriber:
                 socket.connect(self.source.endpoint)
                 if self.last_seq is None:
                     await self._replay(0, None)  # everything the engine still keeps, from its first batch
+                    self._check_caught_up(socket)
                 while True:
                     frames = await socket.recv_multipart()
                     await self._received(frames)
+                    self._check_caught_up(socket)
             except zmq.ZMQError as exc:
                 self.errors += 1
                 log.warning("KV events of %s at %s: %s; reconnecting", self.replica, self.source.endpoint, exc)
@@ -144,6 +157,18 @@ class KvSubscriber:
                 self._lost()
         self._apply(seq, frames[2])
 
+    def _check_caught_up(self, socket: zmq.asyncio.Socket) -> None:
+        """Caught up once nothing waits in the socket after a replay: the live batches that arrived meanwhile are
+        applied too."""
+        if not self.caught_up and not socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.caught_up = True
+            self._sink.catching_up(self.replica, False)
+
+    def _behind(self) -> None:
+        if self.caught_up:
+            self.caught_up = False
+            self._sink.catching_up(self.replica, True)
+
     def _lost(self) -> None:
         """Events are missing: start the record again from what follows; blocks stored before are unknown."""
         self._sink.reset(self.replica, complete=False)
@@ -176,6 +201,7 @@ class KvSubscriber:
         endpoint = self.source.replay_endpoint
         if endpoint is None:
             return False
+        self._behind()
         expected = start
         for _ in range(_REPLAY_ROUNDS):
             reached, outcome = await self._replay_round(endpoint, expected, until)

@@ -8,7 +8,9 @@ when it is dispatched (the replica will hold its prompt once prefill runs) and c
 reports afterwards: fewer ``cached_tokens`` than predicted means the replica keeps less than we believed, so
 its believed capacity shrinks and the oldest entries go; a failed request's new entries are withdrawn; a
 restarted replica starts empty. A replica whose events are incomplete (the gateway started listening after
-it had cached things, events were lost and cannot be replayed) is matched on both, the longer match winning.
+it had cached things, events were lost and cannot be replayed) is matched on both, the longer match winning. A
+replica whose record is catching up (replaying the engine's history, which passes through what it held minutes
+ago) is matched on the belief alone until its record shows the present.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class PrefixTracker:
         self.recent = RecentlySent()
         self._fed: dict[str, bool] = {}
         """Replicas whose events are followed -> whether their record is complete."""
+        self._behind: set[str] = set()
+        """Followed replicas whose record is catching up (:meth:`catching_up`): matched on the belief meanwhile."""
         self.predictions: dict[tuple[str, str, str], int] = {}
         """(replica, source, outcome) -> requests: how predicted cached blocks compared with the replica's report."""
 
@@ -117,9 +121,9 @@ class PrefixTracker:
     def matched_blocks(self, fingerprint: Fingerprint, replicas: Iterable[str]) -> dict[str, int]:
         hashes = fingerprint.hashes
         depths = self.index.match(hashes, replicas)
-        fed = self._fed
+        fed, behind = self._fed, self._behind
         if fed and self.exact is not None:
-            followed = [name for name in depths if name in fed]
+            followed = [name for name in depths if name in fed and name not in behind]
             if followed:
                 exact = self.exact.match(hashes, followed)
                 recent = self.recent.match(hashes, followed)
@@ -132,21 +136,35 @@ class PrefixTracker:
     def source(self, replica: str) -> str:
         """What the replica's prediction comes from: ``events``, ``events+belief`` (incomplete events) or ``belief``."""
         complete = self._fed.get(replica)
-        if complete is None:
+        if complete is None or replica in self._behind:
             return "belief"
         return "events" if complete else "events+belief"
 
     # KV-cache events (:class:`~backends.kv_subscriber.KvEventSink`) -------------------------------
 
     def follow(self, replica: str) -> None:
-        """Events of ``replica`` are followed from now on; its record starts empty and incomplete."""
+        """Events of ``replica`` are followed from now on; its record starts empty, incomplete and behind."""
         if self.exact is not None and replica not in self._fed:
             self.exact.add(replica)
             self._fed[replica] = False
+            self._behind.add(replica)
 
     def unfollow(self, replica: str) -> None:
+        self._behind.discard(replica)
         if self._fed.pop(replica, None) is not None and self.exact is not None:
             self.exact.remove(replica)
+
+    def catching_up(self, replica: str, behind: bool) -> None:
+        """While a replay runs, the record goes through the replica's past: a prefix it held and evicted minutes
+        ago shows as held, and one it holds now is missing until the batches queued behind the replay are in.
+        Routing on that sent requests where their prefix had been (on ``compare_kv_events`` gsp-zipf, two fresh
+        processes replaying four earlier runs did so for the first 5-11 s of a 22 s run), so the belief stands in."""
+        if replica not in self._fed:
+            return
+        if behind:
+            self._behind.add(replica)
+        else:
+            self._behind.discard(replica)
 
     def apply(self, replica: str, batch: EventBatch) -> None:
         exact = self.exact

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import time
+from array import array
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -14,8 +15,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from spillgate.backends.kv_subscriber import KvEventSource, KvSubscriber
+from spillgate.backends.kv_subscriber import KvEventSink, KvEventSource, KvSubscriber
+from spillgate.backends.sim.prompt_encoder import SimulatedPromptIds
+from spillgate.cache.fingerprint import cache_seed, token_block_hashes
 from spillgate.cache.kv_events import EventBatch
+from spillgate.gateway.dispatch.prefix import Fingerprint, PrefixTracker
 
 
 def free_port() -> int:
@@ -28,12 +32,24 @@ class Sink:
     def __init__(self) -> None:
         self.seqs: list[int] = []
         self.resets: list[bool] = []
+        self.behind = True
+        self.applied_behind: list[int] = []
+        """The batches applied while the subscription said its record was behind."""
+        self.caught_up_after: list[int] = []
+        """How many batches had been applied each time the subscription said it caught up."""
 
     def apply(self, replica: str, batch: EventBatch) -> None:
         self.seqs.append(batch.seq)
+        if self.behind:
+            self.applied_behind.append(batch.seq)
 
     def reset(self, replica: str, *, complete: bool) -> None:
         self.resets.append(complete)
+
+    def catching_up(self, replica: str, behind: bool) -> None:
+        self.behind = behind
+        if not behind:
+            self.caught_up_after.append(len(self.seqs))
 
 
 class Publisher:
@@ -91,11 +107,14 @@ async def connected(publisher: Publisher, sink: Sink, first: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def following(*, replay: bool) -> AsyncIterator[tuple[Publisher, Sink, KvSubscriber]]:
-    """An engine's publisher and a subscription to it, stopped afterwards."""
+async def following(
+    *, replay: bool, sink: KvEventSink | None = None, kept: dict[int, bytes] | None = None
+) -> AsyncIterator[tuple[Publisher, Sink, KvSubscriber]]:
+    """An engine's publisher (having published ``kept`` before) and a subscription to it, stopped afterwards."""
     context = zmq.asyncio.Context()
     publisher = Publisher(context, replay=replay)
-    sink = Sink()
+    publisher.kept.update(kept or {})
+    sink = sink or Sink()
     subscriber = KvSubscriber("r", publisher.source(), sink, context)
     subscriber.start()
     try:
@@ -150,3 +169,80 @@ async def test_a_long_replay_cut_short_by_the_engines_router_is_asked_again() ->
         await connected(publisher, sink, 6_000)
         await wait_for(lambda: subscriber.last_seq == 6_000, timeout=30)
         assert sink.seqs == list(range(6_001)) and subscriber.complete
+
+
+async def test_a_replayed_history_leaves_the_record_behind_until_the_live_batches_queued_meanwhile_are_in() -> None:
+    """A replica that has served a while keeps thousands of batches: while they are replayed, and then the live
+    ones sent meanwhile, the record shows the past; the sink hears it is caught up once nothing waits."""
+    padding = list(range(1_000))
+    async with following(replay=True) as (publisher, sink, subscriber):
+        for seq in range(3_000):
+            event = {"type": "BlockRemoved", "block_hashes": padding}
+            publisher.kept[seq] = msgspec.msgpack.encode([time.time(), [event], 0])
+        await wait_for(lambda: len(sink.seqs) > 100, timeout=30)  # replaying
+        assert not subscriber.caught_up and not subscriber.status()["caught_up"]
+        for seq in range(3_000, 3_005):  # live batches, queued behind the replay
+            await publisher.send(seq)
+        await wait_for(lambda: subscriber.caught_up, timeout=30)
+        await wait_for(lambda: subscriber.last_seq == 3_004)
+        assert sink.seqs == list(range(3_005)) and subscriber.complete
+        assert sink.applied_behind[:3_000] == list(range(3_000)), "the whole replay was applied behind"
+        assert sink.caught_up_after and sink.caught_up_after[0] >= 3_000
+        await publisher.send(3_005)
+        await wait_for(lambda: subscriber.last_seq == 3_005)
+        assert sink.applied_behind[-1] < 3_005 and sink.caught_up_after[-1] >= 3_000
+
+
+async def test_an_engine_with_nothing_to_replay_is_caught_up_at_once() -> None:
+    async with following(replay=True) as (_publisher, sink, subscriber):
+        await wait_for(lambda: subscriber.caught_up)
+        assert sink.caught_up_after == [0] and not sink.behind
+
+
+BLOCK = 64
+
+
+def stored(engine_hash: int, tokens: range) -> dict[str, object]:
+    return {"type": "BlockStored", "block_hashes": [engine_hash], "parent_block_hash": None,
+            "token_ids": list(tokens), "block_size": len(tokens)}  # fmt: skip
+
+
+def fingerprint(tokens: range) -> Fingerprint:
+    hashes = token_block_hashes(array("I", tokens), cache_seed(None), block_tokens=BLOCK, max_blocks=512)
+    return Fingerprint(tuple(hashes), hashes[0], len(tokens))
+
+
+class Watched(PrefixTracker):
+    """The gateway's tracker, asked after every batch it applies what it would predict for two prompts."""
+
+    def __init__(self, prompts: dict[str, range]) -> None:
+        super().__init__(block_chars=256, max_blocks=512, tokenizer=SimulatedPromptIds(), block_tokens=BLOCK)
+        self.prompts = {name: fingerprint(tokens) for name, tokens in prompts.items()}
+        self.seen: list[tuple[int, dict[str, int], str]] = []
+        self.capacity_known("r", 100_000)
+        self.follow("r")
+
+    def apply(self, replica: str, batch: EventBatch) -> None:
+        super().apply(replica, batch)
+        self.seen.append((batch.seq, self.predicted(), self.source(replica)))
+
+    def predicted(self) -> dict[str, int]:
+        return {name: self.matched_blocks(fingerprint, ["r"])["r"] for name, fingerprint in self.prompts.items()}
+
+
+async def test_while_a_replay_runs_the_tracker_never_routes_on_what_the_replica_held_in_the_past() -> None:
+    """An engine that cached prompt ``old`` long ago, served thousands of batches since and then dropped it all,
+    and now holds ``new``. A gateway subscribing replays that history: a prediction made meanwhile from the record
+    would find ``old`` held; the belief stands in until the record has caught up, then it is ``new``."""
+    history = [[stored(1, range(1_000, 1_128))]]
+    history += [[{"type": "BlockRemoved", "block_hashes": list(range(10, 1_010))}] for _ in range(2_000)]
+    history += [[{"type": "AllBlocksCleared"}], [stored(2, range(5_000, 5_128))]]
+    kept = {seq: msgspec.msgpack.encode([time.time(), events, 0]) for seq, events in enumerate(history)}
+    tracker = Watched({"old": range(1_000, 1_128), "new": range(5_000, 5_128)})
+    async with following(replay=True, sink=tracker, kept=kept) as (_publisher, _sink, subscriber):
+        await wait_for(lambda: subscriber.last_seq == len(history) - 1, timeout=30)
+        assert [seq for seq, _, _ in tracker.seen] == list(range(len(history)))
+        assert all(predicted == {"old": 0, "new": 0} for _, predicted, _ in tracker.seen), "routed on the past"
+        assert {source for _, _, source in tracker.seen} == {"belief"}
+        await wait_for(lambda: subscriber.caught_up)
+        assert tracker.predicted() == {"old": 0, "new": 2} and tracker.source("r") == "events"
