@@ -60,6 +60,6 @@ def test_the_fit_finds_one_slope_and_each_rows_offset_at_equal_prefill_work() ->
 
 
 def test_rows_are_checked() -> None:
-    check_rows(["events", "belief", "nohold", "sglang-router", "spillgate-least_load"])
+    check_rows(["events", "belief", "nohold", "sticky", "sglang-router", "spillgate-least_load"])
     with pytest.raises(ValueError, match="unknown rows"):
         check_rows(["smg"])

@@ -18,7 +18,8 @@ besides the client's and spillgate's per-request records, every pass, decode ste
 (``*-passes.jsonl``: replica index, then the fields of ``/sim/passes/log``).
 
 Rows: ``events`` and ``belief`` (spillgate ``cache_aware`` as in ``compare_kv_events``), ``nohold`` (``events``
-with the pool's ``max_waiting_prefill_tokens: 0``: no prompt held at the gateway), ``spillgate-POLICY`` (another
+with the pool's ``max_waiting_prefill_tokens: 0``: no prompt held at the gateway), ``sticky`` (``events`` with the
+route's ``affinity.max_slowdown`` at 1000: no request moved off its warm replica), ``spillgate-POLICY`` (another
 spillgate policy on the events), ``sglang-router`` (0.3.2 ``cache_aware``, from its cached venv).
 
     .venv/bin/python -m tests.bench.tpot_breakdown [--workloads chat,trace:PATH] [--seeds 0,1]
@@ -51,6 +52,8 @@ from tests.bench.compare_workloads import WorkloadSpec, workload_spec
 from tests.bench.services import http_request
 
 NO_HOLD_POOL = {"max_waiting_prefill_tokens": 0}
+STICKY_ROUTE = {"affinity": {"max_slowdown": 1000.0}}
+"""``cache_aware`` whose affinity guard never moves a request off the replica holding its longest prefix."""
 _SAMPLE = re.compile(r"^(sglang:[a-z0-9_]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$")
 _METRICS = (
     "sglang:num_requests_total",
@@ -187,14 +190,15 @@ class Row:
                 return start_router(router_python, cluster, "cache_aware")
             policy = self.kind.removeprefix("spillgate-") if self.kind.startswith("spillgate-") else "cache_aware"
             pool = {"belief": BELIEF_POOL, "nohold": NO_HOLD_POOL}.get(self.kind)
+            route = {**settings.route, **(STICKY_ROUTE if self.kind == "sticky" else {})}
             return start_spillgate(
-                cluster, policy, trace, settings.route, pool=pool, prefix=PREFIX, name=f"spillgate-{self.kind}"
+                cluster, policy, trace, route, pool=pool, prefix=PREFIX, name=f"spillgate-{self.kind}"
             )
 
         return start
 
 
-ROW_KINDS = ("events", "belief", "nohold", "sglang-router")
+ROW_KINDS = ("events", "belief", "nohold", "sticky", "sglang-router")
 
 
 def check_rows(kinds: list[str]) -> None:
