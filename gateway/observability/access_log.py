@@ -31,6 +31,9 @@ log = logging.getLogger("spillgate.access")
 Format = Literal["json", "logfmt"]
 
 _BATCH = 4096
+_GATHER_S = 0.05
+"""How long the writer lets lines gather after the first: one wake-up and one write for many requests, so the
+thread rarely takes the interpreter lock from the event loop."""
 """The most records turned into one write."""
 _STOP = object()
 
@@ -191,6 +194,8 @@ class AccessLog:
         stream = self._stream if self._stream is not None else sys.stdout.buffer
         while True:
             batch = [self._queue.get()]
+            if batch[0] is not _STOP:
+                time.sleep(_GATHER_S)
             while len(batch) < _BATCH:
                 try:
                     batch.append(self._queue.get_nowait())
