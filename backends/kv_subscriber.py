@@ -27,13 +27,15 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
-from spillgate.cache.kv_events import EventBatch, MalformedBatch, decode_batch, read_seq
+from spillgate.cache.kv_events import AllCleared, EventBatch, MalformedBatch, decode_batch, read_seq
 
 log = logging.getLogger("spillgate.kv_events")
 
 _REPLAY_TIMEOUT_S = 2.0
 _RECONNECT_S = 1.0
 _REPLAY_ROUNDS = 20
+_CLEARED = b"AllBlocksCleared"
+"""The event's type name, as both engines' encodings (a map's ``type``, a tagged array's tag) spell it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +221,18 @@ class KvSubscriber:
         socket = self._context.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.RCVHWM, 0)  # queue all the engine sends: its ROUTER drops what waits past its mark
-        expected = start
+        received: list[tuple[int, bytes]] = []
+        try:
+            outcome = await self._receive_replay(socket, endpoint, start, until, received)
+        finally:
+            socket.close(linger=0)
+        await self._apply_replayed(received)
+        return start + len(received), outcome
+
+    async def _receive_replay(
+        self, socket: zmq.asyncio.Socket, endpoint: str, start: int, until: int | None, into: list[tuple[int, bytes]]
+    ) -> str:
+        """Read the batches of one replay from ``start`` on, in order, into ``into``; returns how it ended."""
         try:
             socket.connect(endpoint)
             await socket.send_multipart([b"", start.to_bytes(8, "big")])
@@ -230,24 +243,49 @@ class KvSubscriber:
                 if len(body) == 3:
                     body = body[1:]
                 if len(body) != 2:
-                    return expected, "gone"
+                    return "gone"
                 seq = read_seq(body[0])
                 if seq < 0:
-                    return expected, "ended"
+                    return "ended"
                 if until is not None and seq >= until:
                     continue
-                if seq != expected:
+                if seq != start + len(into):
                     # Dropped batches come last, never first: a first number past ``start`` is a buffer moved on.
-                    return expected, "gone" if expected == start else "cut"
-                self._apply(seq, body[1], live=False)
-                self._replayed_through = seq
-                expected += 1
+                    return "cut" if into else "gone"
+                into.append((seq, body[1]))
         except TimeoutError:
-            if expected == start:
+            if not into:
                 log.warning("KV events of %s: replay from %s did not answer", self.replica, endpoint)
-            return expected, "cut"
+            return "cut"
         except (zmq.ZMQError, MalformedBatch) as exc:
             log.warning("KV events of %s: replay from %s failed (%s)", self.replica, endpoint, exc)
-            return expected, "gone"
-        finally:
-            socket.close(linger=0)
+            return "gone"
+
+    async def _apply_replayed(self, batches: list[tuple[int, bytes]]) -> None:
+        """Apply replayed batches, skipping those before the last that clears the cache (SGLang's ``flush_cache``,
+        vLLM's ``reset_prefix_cache``): nothing before it is held any more. A replica that has served a while keeps
+        thousands of batches, at page size 1 a few milliseconds each to apply; the engine's first batch is still
+        applied, since it shows the record complete. Requests are served between two batches."""
+        skip_to = _last_clear(batches)
+        for index, (seq, payload) in enumerate(batches):
+            if index < skip_to and seq != 0:
+                self.last_seq = seq
+                continue
+            self._apply(seq, payload, live=False)
+            await asyncio.sleep(0)
+        if batches:
+            self._replayed_through = batches[-1][0]
+
+
+def _last_clear(batches: list[tuple[int, bytes]]) -> int:
+    """The index of the last batch that clears the cache, or 0."""
+    for index in range(len(batches) - 1, 0, -1):
+        seq, payload = batches[index]
+        if _CLEARED not in payload:  # a byte search spares decoding every batch
+            continue
+        try:
+            if any(isinstance(event, AllCleared) for event in decode_batch(seq, payload).events):
+                return index
+        except MalformedBatch:
+            continue
+    return 0
