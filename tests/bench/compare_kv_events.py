@@ -74,7 +74,7 @@ from tests.bench.compare_routers import (
 )
 from tests.bench.compare_table import RunFigures
 from tests.bench.compare_workloads import WorkloadSpec, parse_rates, workload_spec
-from tests.bench.services import http_request
+from tests.bench.services import http_request, run_script
 from tests.support.redis_server import redis_url as private_redis
 
 ROWS = ("events", "belief", "sglang-router", "smg")
@@ -747,14 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--replicas, --time-scale, --duration and --repeat must be positive")
     if args.kv_fraction <= 0 or (args.kv_tokens is not None and args.kv_tokens < 1):
         parser.error("--kv-fraction and --kv-tokens must be positive")
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted: every process started was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, ValueError) as exc:
-        print(f"compare_kv_events: {exc}", file=sys.stderr)
-        return 1
+    return run_script("compare_kv_events", run, args)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ from tests.bench.compare_cluster import (
 from tests.bench.compare_table import Rows, RunFigures, details_table, figures, main_table
 from tests.bench.compare_workloads import SWEEP_RATES, WorkloadSpec, parse_rates, workload_spec
 from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, sticky_ttfts
-from tests.bench.services import REPO_ROOT
+from tests.bench.services import REPO_ROOT, run_script
 from tests.support.redis_server import redis_url as private_redis
 
 REFERENCE_TIME_SCALE = 0.01
@@ -873,14 +873,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be at least 1")
     if args.gateways < 1:
         parser.error("--gateways must be at least 1")
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted: every process started was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, ValueError) as exc:
-        print(f"compare_routers: {exc}", file=sys.stderr)
-        return 1
+    return run_script("compare_routers", run, args)
 
 
 if __name__ == "__main__":

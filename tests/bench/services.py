@@ -7,11 +7,13 @@ them in its ``finally``.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -104,3 +106,16 @@ def wait_until(service: Service, ready: Callable[[], bool], *, timeout: float, w
             return
         time.sleep(0.1)
     raise RuntimeError(f"{service.name}: {what} not within {timeout:g}s:\n{service.log_tail()}")
+
+
+def run_script(name: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a benchmark script's ``run``: its exit status, or 130 when interrupted and 1 on a setup error, each
+    said in one line (whatever it started is stopped by then)."""
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted: every process started was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, ValueError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1

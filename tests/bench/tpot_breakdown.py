@@ -49,7 +49,7 @@ from tests.bench.compare_cluster import Cluster, Relay, start_router, start_spil
 from tests.bench.compare_kv_events import BELIEF_POOL, PREFIX, start_cluster, trace_slice, working_set
 from tests.bench.compare_routers import Reference, Run, Settings, _exit_on_sigterm, _progress, measure
 from tests.bench.compare_workloads import WorkloadSpec, workload_spec
-from tests.bench.services import http_request
+from tests.bench.services import http_request, run_script
 
 NO_HOLD_POOL = {"max_waiting_prefill_tokens": 0}
 STICKY_ROUTE = {"affinity": {"max_slowdown": 1000.0}}
@@ -493,14 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir", metavar="DIR", help="keep per-request data (see compare_routers)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted: every process started was stopped", file=sys.stderr)
-        return 130
-    except (RuntimeError, ValueError) as exc:
-        print(f"tpot_breakdown: {exc}", file=sys.stderr)
-        return 1
+    return run_script("tpot_breakdown", run, args)
 
 
 if __name__ == "__main__":
