@@ -571,8 +571,9 @@ def trace_slice(name: str, start: int, count: int, work_dir: Path) -> str:
     return f"trace:{cut}"
 
 
-def build_plan(args: argparse.Namespace, work_dir: Path) -> Plan:
-    specs: list[WorkloadSpec] = []
+def specs_of(args: argparse.Namespace, work_dir: Path) -> list[WorkloadSpec]:
+    """The workloads ``--workloads`` names, a trace cut to the slice the ``--trace-*`` options ask for."""
+    specs = []
     for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
         if name.startswith("trace:"):
             name = trace_slice(name, args.trace_start, args.trace_requests, work_dir)
@@ -585,6 +586,11 @@ def build_plan(args: argparse.Namespace, work_dir: Path) -> Plan:
                 trace_max_output=args.trace_max_output,
             )
         )
+    return specs
+
+
+def build_plan(args: argparse.Namespace, work_dir: Path) -> Plan:
+    specs = specs_of(args, work_dir)
     rates = parse_rates(args.rate, [spec.name for spec in specs if spec.rate is not None])
     if any(len(values) > 1 for values in rates.values()):
         raise ValueError("one rate per workload")

@@ -46,9 +46,9 @@ from typing import Any
 
 from tests.bench import router_env
 from tests.bench.compare_cluster import Cluster, Relay, start_router, start_spillgate
-from tests.bench.compare_kv_events import BELIEF_POOL, PREFIX, start_cluster, trace_slice, working_set
+from tests.bench.compare_kv_events import BELIEF_POOL, PREFIX, specs_of, start_cluster, working_set
 from tests.bench.compare_routers import Reference, Run, Settings, _exit_on_sigterm, _progress, measure
-from tests.bench.compare_workloads import WorkloadSpec, workload_spec
+from tests.bench.compare_workloads import WorkloadSpec
 from tests.bench.services import http_request, run_script
 
 NO_HOLD_POOL = {"max_waiting_prefill_tokens": 0}
@@ -387,23 +387,6 @@ def render(results: dict[str, dict[str, list[list[ReplicaFigures]]]], seeds: lis
 
 
 # Entry point ----------------------------------------------------------------------------------------------
-
-
-def specs_of(args: argparse.Namespace, work_dir: Path) -> list[WorkloadSpec]:
-    specs = []
-    for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
-        if name.startswith("trace:"):
-            name = trace_slice(name, args.trace_start, args.trace_requests, work_dir)
-        specs.append(
-            workload_spec(
-                name,
-                trace_speedup=args.trace_speedup,
-                trace_requests=args.trace_requests,
-                trace_block_tokens=args.trace_block_tokens,
-                trace_max_output=args.trace_max_output,
-            )
-        )
-    return specs
 
 
 def run(args: argparse.Namespace) -> int:
