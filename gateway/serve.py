@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         replica_urls, hosted_urls = _start_simulators(config, children)
         try:
-            state = build_state(config, replica_urls, hosted_urls)
+            state = build_state(config, replica_urls, hosted_urls, config_path=path)
             assert isinstance(raw, dict)
             state.live = LiveConfig(state, raw, path=path)
         except (MissingSecret, ConfigError) as exc:

@@ -26,7 +26,8 @@ from spillgate.gateway.accounting.rent import RentBook
 from spillgate.gateway.capacity.recorder import CapacityRecorder
 from spillgate.gateway.capacity.sampler import sample_forever
 from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
-from spillgate.gateway.control.config import ConfigError, GatewayConfig
+from spillgate.gateway.control.config import ConfigError, GatewayConfig, StateConfig
+from spillgate.gateway.control.data_dir import data_directory
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.routes import Route
 from spillgate.gateway.control.secrets import resolve_secret
@@ -70,6 +71,8 @@ class GatewayState:
     """How many fallbacks may be sent now (the config's ``outlier.retry_budget_*``)."""
     live: LiveConfig | None = None
     """Versions of the config and the way to change it; set by ``spillgate serve``."""
+    data_dir: Path = field(default_factory=lambda: data_directory(StateConfig(), None))
+    """Where the cost ledger and the config history live (:func:`data_directory`)."""
     accountant: Accountant = field(init=False)
     """Rate limits, budgets and the cost ledger; built by :meth:`start` (it may need Redis)."""
     _accounting_redis: aioredis.Redis | None = field(default=None, init=False)
@@ -128,7 +131,7 @@ class GatewayState:
             url = resolve_secret(settings.redis_url)
             self._accounting_redis = make_client(url)
         self.accountant = Accountant(
-            Path(settings.data_dir) / "ledger.sqlite3",
+            self.data_dir / "ledger.sqlite3",
             redis=self._accounting_redis,
             key_prefix=settings.key_prefix,
             fail_open=settings.on_redis_outage == "fail_open",
@@ -182,9 +185,13 @@ class GatewayState:
 
 
 def build_state(
-    config: GatewayConfig, replica_urls: Mapping[str, list[str]], hosted_urls: Mapping[str, str]
+    config: GatewayConfig,
+    replica_urls: Mapping[str, list[str]],
+    hosted_urls: Mapping[str, str],
+    config_path: Path | None = None,
 ) -> GatewayState:
-    """Assemble the gateway; ``replica_urls`` and ``hosted_urls`` give the simulators started for it."""
+    """Assemble the gateway; ``replica_urls`` and ``hosted_urls`` give the simulators started for it, and
+    ``config_path`` the file the config came from (where its data directory is found)."""
     endpoints = Endpoints(replica_urls, hosted_urls)
     catalog = build_catalog(config, endpoints, {})
     settings = config.prefix
@@ -212,6 +219,7 @@ def build_state(
         upstream=Http1Client(connect_timeout=config.timeouts.connect_s, read_timeout=config.timeouts.read_s),
         metrics=GatewayMetrics(),
         hosted_models=catalog.hosted_models,
+        data_dir=data_directory(config.state, config_path),
     )
     state.apply(catalog)
     return state

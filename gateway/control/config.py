@@ -129,6 +129,13 @@ class TimeoutsConfig(Strict):
         le=3600,
         description="from the end of the headers to the end of the body; a slower client gets 408 and holds no slot",
     )
+    drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="on SIGTERM, how long requests in flight may take to finish; streams still open then end with "
+        "an error event",
+    )
 
 
 class HealthConfig(Strict):
@@ -460,7 +467,13 @@ class StateConfig(Strict):
 
     redis_url: str | None = Field(default=None, description="redis://host:port/db, or os.environ/NAME")
     key_prefix: str = Field(default="spillgate", min_length=1, description="namespace of every Redis key")
-    data_dir: str = Field(default=".spillgate", min_length=1, description="the cost ledger and config history")
+    data_dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the cost ledger and config history; default a directory per config file under the user's "
+        "state directory ($XDG_STATE_HOME/spillgate, else ~/.local/state/spillgate); a relative path is taken "
+        "from the config file's directory",
+    )
     on_redis_outage: Literal["fail_open", "fail_closed"] = "fail_open"
     """While Redis is unreachable limits are enforced per process; ``fail_closed`` refuses instead."""
     share_load_interval_s: float = Field(default=0.05, ge=0, le=10)

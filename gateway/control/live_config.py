@@ -104,7 +104,7 @@ class LiveConfig:
         self._file_raw = redact(raw)
         """The file content (digest, and config redacted) the running version was made from or on top of: what
         it has beyond this are edits the file lacks."""
-        data_dir = Path(state.config.state.data_dir)
+        data_dir = state.data_dir
         self._history = LocalHistory.open(data_dir, path, self._file_sha)
         self._kept_keys = SecretStore(data_dir / secrets_name(owner_of(path)))
         self._file_keys = known_keys(raw)
