@@ -27,6 +27,7 @@ from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
 from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.openapi import install_openapi
+from spillgate.gateway.serving.drain import Drain
 from spillgate.gateway.serving.exchange import Receive, Scope, Send, header
 from spillgate.gateway.serving.handler import CompletionsHandler
 from spillgate.gateway.serving.observer import RequestObserver
@@ -51,10 +52,13 @@ class GatewayApp:
         self.access_log = access_log or AccessLog(lambda: state.config.logging.format)
         self.observer = RequestObserver(state, self.access_log)
         self.tracing = tracing or Tracing()
+        self.drain = Drain()
+        """The completions in flight, and whether the process is draining to stop (:mod:`gateway.lifecycle`)."""
         slots = InFlightLimit(lambda: state.config.limits.max_in_flight)
         reading = ReadingBudget(lambda: state.config.limits.max_reading_body_bytes)
-        chat = CompletionsHandler(state, "/v1/chat/completions", slots, reading, self.observer, self.tracing)
-        completions = CompletionsHandler(state, "/v1/completions", slots, reading, self.observer, self.tracing)
+        hot = (slots, reading, self.observer, self.tracing, self.drain)
+        chat = CompletionsHandler(state, "/v1/chat/completions", *hot)
+        completions = CompletionsHandler(state, "/v1/completions", *hot)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
         self._hot = {
             "/v1/chat/completions": chat,
@@ -62,7 +66,7 @@ class GatewayApp:
             "/v1/completions": completions,
             "/v1/completions/": completions,
         }
-        self._control = build_control_app(state, self.access_log)
+        self._control = build_control_app(state, self.access_log, self.drain)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -157,6 +161,16 @@ def _degraded(state: GatewayState) -> dict[str, bool]:
     }
 
 
+def _routes_without_healthy_backend(state: GatewayState, now: float) -> list[str]:
+    """The routes none of whose backends (dedicated ones included) is healthy now: their requests get 503."""
+    healthy = {b.name for b in state.registry if b.state(now).healthy}
+    unserved = []
+    for route in {id(r): r for r in state.routes.values()}.values():
+        if healthy.isdisjoint(route.targets) and all(healthy.isdisjoint(t) for t in route.dedicated_targets.values()):
+            unserved.append(route.name)
+    return sorted(unserved)
+
+
 async def _send_internal_error(send: Send) -> None:
     body = error_body(500, "The gateway hit an internal error; it has been logged.", code="internal_error")
     try:
@@ -166,7 +180,7 @@ async def _send_internal_error(send: Send) -> None:
         pass  # the response had already started; the client sees a cut-off stream
 
 
-def build_control_app(state: GatewayState, access_log: AccessLog | None = None) -> FastAPI:
+def build_control_app(state: GatewayState, access_log: AccessLog | None = None, drain: Drain | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.start()
@@ -231,8 +245,13 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None) 
                 health["peer_processes"] = state.peer_load.peers
         ledger = state.accountant.ledger
         health["ledger"] = f"failing: {ledger.queued} entries wait in memory" if degraded["ledger"] else "ok"
-        if any(degraded.values()):
+        unserved = _routes_without_healthy_backend(state, now)
+        if unserved:
+            health["routes_without_healthy_backend"] = unserved
+        if any(degraded.values()) or unserved:
             health["status"] = "degraded"
+        if drain is not None and drain.draining:
+            health["draining"] = True
         if state.live is not None:
             health["config_version"] = state.live.current.version
             health["config_warnings"] = state.live.warnings
@@ -240,7 +259,9 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None) 
 
     @app.api_route("/ready", methods=["GET", "HEAD"])
     async def ready() -> Response:
-        """Readiness: 200 only while at least one backend is healthy."""
+        """Readiness: 200 only while at least one backend is healthy and the process is not draining to stop."""
+        if drain is not None and drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         if state.registry.any_healthy():
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "no healthy backend"}, status_code=503)

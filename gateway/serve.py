@@ -1,4 +1,5 @@
-"""``spillgate serve``: load the config, start the embedded simulators it asks for, run the gateway."""
+"""``spillgate serve``: load the config, bind the port, start the embedded simulators it asks for, run the gateway
+in this process or in ``--workers N`` processes (:mod:`gateway.workers`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gc
 import json
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -22,19 +24,33 @@ from spillgate.gateway.control.config import (
     parse_config,
     read_raw,
 )
+from spillgate.gateway.control.data_dir import data_directory
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.plugins import PluginError, load_plugins
-from spillgate.gateway.control.secrets import MissingSecret
+from spillgate.gateway.control.secrets import MissingSecret, resolve_secret
+from spillgate.gateway.lifecycle import GatewayServer
 from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.connections import guarded_protocol
-from spillgate.gateway.state import build_state
-from spillgate.gateway.supervisor import ChildProcesses, free_port
+from spillgate.gateway.state import GatewayState, build_state
+from spillgate.gateway.supervisor import CannotListen, ChildProcesses, PrivateRedis, free_port, listening_socket
+from spillgate.gateway.workers import Workers, WorkerSpec, with_redis
+
+_SHUTDOWN_AFTER_DRAIN_S = 5
+"""uvicorn's own graceful shutdown, once the drain is over: for requests other than completions (a slow
+``/admin`` call) still running then."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config (default: {DEMO_CONFIG_PATH})")
     parser.add_argument("--host", default=None, help="listen address (overrides listen.host)")
     parser.add_argument("--port", type=listen_port, default=None, help="listen port (overrides listen.port)")
+    parser.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="gateway processes on the one port (default 1); more than one share their state through Redis: "
+        "state.redis_url, else a private redis-server this command starts",
+    )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
         "--plugin",
@@ -43,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE first, so the config may name the policies and engines it registers (repeatable)",
     )
+    parser.add_argument("--worker-of", default=None, help=argparse.SUPPRESS)  # set by the parent of --workers N
     parser.set_defaults(handler=run)
 
 
@@ -55,6 +72,16 @@ def listen_port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is from 1 to 65535, got {port}")
     return port
+
+
+def worker_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of processes: {text!r}") from None
+    if not 1 <= count <= 256:
+        raise argparse.ArgumentTypeError(f"--workers is from 1 to 256, got {count}")
+    return count
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,50 +99,152 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"spillgate: invalid config\n{exc}", file=sys.stderr)
         return 2
+    assert isinstance(raw, dict)
+    # uvicorn re-raises a signal that stopped it before it served; make SIGTERM end in an exception like SIGINT
+    # does, so what this process started is stopped rather than orphaned.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if args.worker_of is not None:
+        return _run_worker(args, config, raw, path, WorkerSpec.from_arg(args.worker_of))
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
+    redis_problem = _redis_problem(config, args.workers)
+    if redis_problem:
+        print(f"spillgate: {redis_problem}", file=sys.stderr)
+        return 2
+    try:
+        listener = listening_socket(host, port)  # before anything starts: a busy port must cost nothing
+    except CannotListen as exc:
+        print(f"spillgate: {exc}", file=sys.stderr)
+        return 2
+    with listener:
+        if args.workers == 1:
+            return _serve_alone(args, config, raw, path, listener)
+        return _serve_workers(args, config, path, listener)
 
+
+def _serve_alone(
+    args: argparse.Namespace, config: GatewayConfig, raw: dict[str, object], path: Path, listener: socket.socket
+) -> int:
+    host, port = listener.getsockname()[:2]
     children = ChildProcesses()
     try:
         replica_urls, hosted_urls = _start_simulators(config, children)
-        try:
-            state = build_state(config, replica_urls, hosted_urls, config_path=path)
-            assert isinstance(raw, dict)
-            state.live = LiveConfig(state, raw, path=path)
-        except (MissingSecret, ConfigError) as exc:
-            print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
+        state = _build(config, raw, path, replica_urls, hosted_urls)
+        if state is None:
             return 2
-        _print_banner(config, path, host, port, replica_urls, hosted_urls)
-        # Everything built so far lives as long as the process: keep it out of every GC pass.
-        gc.freeze()
-        tracing = Tracing.from_environment()
-        if tracing.on:
-            print("  traces: OpenTelemetry, as the OTEL_* environment variables say", flush=True)
-        app = GatewayApp(state, tracing=tracing)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                loop="uvloop",
-                http=guarded_protocol(
-                    config.timeouts.client_headers_s, config.limits.max_connections_per_client, app.connection_refused
-                ),
-                log_level=args.log_level,
-                access_log=False,
-                timeout_graceful_shutdown=5,
-                timeout_keep_alive=config.timeouts.keep_alive_s,
-            )
-        )
-        # uvicorn re-raises the signal that stopped it once it has shut down; make SIGTERM end in an
-        # exception like SIGINT does, so the simulators below are stopped rather than orphaned.
-        signal.signal(signal.SIGTERM, _exit_on_signal)
-        with contextlib.suppress(KeyboardInterrupt, SystemExit):
-            server.run()
-        tracing.shutdown()
-        return 0 if server.started else 1
+        _print_banner(config, path, host, port, replica_urls, hosted_urls, state.data_dir)
+        return _serve(args, state, listener)
     finally:
         children.stop_all()
+
+
+def _serve_workers(args: argparse.Namespace, config: GatewayConfig, path: Path, listener: socket.socket) -> int:
+    host, port = listener.getsockname()[:2]
+    children = ChildProcesses()
+    redis = PrivateRedis()
+    try:
+        redis_url = None if config.state.redis_url else redis.start()
+        replica_urls, hosted_urls = _start_simulators(config, children)
+        command = [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path)]
+        command += ["--log-level", args.log_level, *(f"--plugin={name}" for name in args.plugin)]
+        workers = Workers(
+            args.workers,
+            listener,
+            command,
+            replica_urls=replica_urls,
+            hosted_urls=hosted_urls,
+            redis_url=redis_url,
+        )
+        workers.catch_signals()
+        failed = workers.start()
+        if failed is not None:
+            return failed
+        data_dir = data_directory(config.state, path)
+        _print_banner(config, path, host, port, replica_urls, hosted_urls, data_dir)
+        shared = "a private redis-server at " + redis_url if redis_url else "state.redis_url"
+        print(f"  workers: {args.workers} (pids {', '.join(map(str, workers.pids))}), sharing {shared}", flush=True)
+        return workers.supervise(config.timeouts.drain_s)
+    finally:
+        children.stop_all()
+        redis.stop()
+
+
+def _run_worker(
+    args: argparse.Namespace, config: GatewayConfig, raw: dict[str, object], path: Path, spec: WorkerSpec
+) -> int:
+    """One of ``--workers N``: the parent's socket, simulators and Redis; no banner (the parent prints it)."""
+    listener = socket.socket(fileno=spec.socket_fd)
+    state = _build(config, raw, path, spec.replica_urls, spec.hosted_urls)
+    if state is None:
+        return 2
+    if spec.redis_url is not None:
+        state.config = with_redis(state.config, spec.redis_url)  # after LiveConfig took the file's settings
+    return _serve(args, state, listener, ready_fd=spec.ready_fd)
+
+
+def _build(
+    config: GatewayConfig,
+    raw: dict[str, object],
+    path: Path,
+    replica_urls: dict[str, list[str]],
+    hosted_urls: dict[str, str],
+) -> GatewayState | None:
+    try:
+        state = build_state(config, replica_urls, hosted_urls, config_path=path)
+        state.live = LiveConfig(state, raw, path=path)
+    except (MissingSecret, ConfigError) as exc:
+        print(f"spillgate: invalid config\n{path}: {exc}", file=sys.stderr)
+        return None
+    return state
+
+
+def _serve(args: argparse.Namespace, state: GatewayState, listener: socket.socket, ready_fd: int | None = None) -> int:
+    """Serve on ``listener`` until stopped; a stop signal drains first (:mod:`gateway.lifecycle`)."""
+    config = state.config
+    # Everything built so far lives as long as the process: keep it out of every GC pass.
+    gc.freeze()
+    tracing = Tracing.from_environment()
+    if tracing.on and ready_fd is None:
+        print("  traces: OpenTelemetry, as the OTEL_* environment variables say", flush=True)
+    app = GatewayApp(state, tracing=tracing)
+    server = GatewayServer(
+        uvicorn.Config(
+            app,
+            loop="uvloop",
+            http=guarded_protocol(
+                config.timeouts.client_headers_s, config.limits.max_connections_per_client, app.connection_refused
+            ),
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=_SHUTDOWN_AFTER_DRAIN_S,
+            timeout_keep_alive=config.timeouts.keep_alive_s,
+        ),
+        app.drain,
+        lambda: state.config.timeouts.drain_s,
+        ready_fd=ready_fd,
+    )
+    with contextlib.suppress(KeyboardInterrupt, SystemExit):
+        server.run(sockets=[listener])
+    tracing.shutdown()
+    return 0 if server.started else 1
+
+
+def _redis_problem(config: GatewayConfig, workers: int) -> str:
+    """Why ``workers`` processes cannot share their state, or ``""``."""
+    if workers == 1:
+        return ""
+    if config.state.redis_url:
+        try:
+            resolve_secret(config.state.redis_url)
+        except MissingSecret as exc:
+            return f"--workers {workers} shares state through state.redis_url, but its {exc}"
+        return ""
+    if PrivateRedis.available():
+        return ""
+    return (
+        f"--workers {workers} shares budgets, rate limits and config through Redis: set state.redis_url in the "
+        "config (e.g. os.environ/REDIS_URL), or install redis-server for a private one"
+    )
 
 
 def _kv_event_flags(sim: SimulatedReplicas) -> list[str]:
@@ -187,12 +316,14 @@ def _print_banner(
     port: int,
     replica_urls: dict[str, list[str]],
     hosted_urls: dict[str, str],
+    data_dir: Path,
 ) -> None:
     url = f"http://{host}:{port}"
     lines = [
         f"spillgate serving {url}  (config: {path})",
         f"  OpenAI base URL: {url}/v1",
         f"  dashboard:       {url}/dashboard   metrics: {url}/metrics",
+        f"  data directory:  {data_dir}   (ledger, config history; state.data_dir)",
     ]
     for pool in config.pools:
         lines.append(f"  pool {pool.name}: {', '.join([*pool.replicas, *replica_urls.get(pool.name, [])])}")

@@ -1,14 +1,18 @@
-"""Child processes the embedded default needs: simulated replicas and hosted models on free ports."""
+"""Child processes the embedded default needs (simulated replicas and hosted models on free ports, a private
+Redis for several gateway processes), and the listening socket, bound before any of them starts."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -23,7 +27,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+LISTEN_BACKLOG = 2048
+"""Connections the kernel queues before a gateway process accepts them (uvicorn's default)."""
+
+
+class CannotListen(Exception):
+    """The address the gateway is to listen on cannot be bound; the message says how to choose another."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening, inheritable by worker processes: bound first, so that a
+    port in use stops the gateway before it starts anything else."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart binds despite TIME_WAIT
+    try:
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise CannotListen(
+                f"port {port} on {host} is already in use; choose another with --port (or listen.port in the config)"
+            ) from None
+        raise CannotListen(f"cannot listen on {host}:{port} ({exc.strerror}); check --host and --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def die_with_parent() -> None:
     """Runs in the child before exec: if the gateway is killed outright, its simulators go too."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -42,7 +74,7 @@ class ChildProcesses:
         child = subprocess.Popen(
             [sys.executable, "-m", "spillgate.gateway.cli", command, "--host", self._host, "--port", str(port), *args],
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         self._children.append(child)
         return f"http://{self._host}:{port}"
@@ -84,3 +116,77 @@ def _answers(url: str) -> bool:
 def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signum)
+
+
+class PrivateRedis:
+    """A ``redis-server`` of the gateway's own on a free 127.0.0.1 port, without persistence, stopped by PID.
+
+    Its budgets and rate limits start empty at every start; each gateway process puts back what its ledger holds
+    (the epoch rejoin of ``gateway.accounting.rebuild``), as after any Redis that comes back empty."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+        self.url = ""
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("redis-server") is not None
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        port = free_port()
+        self._dir = tempfile.mkdtemp(prefix="spillgate-redis-")
+        self._proc = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+        self.url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + timeout_s
+        while not _pings(port):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the private redis-server on port {port} did not start")
+            time.sleep(0.05)
+        return self.url
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            self._proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+
+def _pings(port: int) -> bool:
+    """Whether a Redis answers PING on ``port`` (RESP by hand: no client library in the parent process)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -8,6 +8,7 @@ upstream that serves each kind of backend (:mod:`gateway.serving.replica`, :mod:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.observability.trace_context import client_trace
 from spillgate.gateway.observability.tracing import RequestTrace, Tracing
 from spillgate.gateway.serving.admission import Admission
+from spillgate.gateway.serving.drain import Drain, end_cut, refuse
 from spillgate.gateway.serving.exchange import (
     JSON_HEADERS,
     Attempt,
@@ -60,12 +62,14 @@ class CompletionsHandler:
         reading: ReadingBudget,
         observer: RequestObserver,
         tracing: Tracing,
+        drain: Drain | None = None,
     ) -> None:
         self._state = state
         self._slots = slots
         self._reading = reading
         self._observer = observer
         self._tracing = tracing
+        self._drain = drain or Drain()
         self.admission = Admission(state, tracing, chat=upstream_path.endswith("chat/completions"))
         self.forwarder = Forwarder(state, upstream_path, upstreams(state), tracing)
 
@@ -78,14 +82,24 @@ class CompletionsHandler:
             traced = self._tracing.start_request(name, attempt.client_trace, _request_attributes(scope, attempt))
             attempt.trace_id = Tracing.trace_id(traced)
         payload: dict[str, Any] | None = None
+        drain = self._drain
+        task = asyncio.current_task()
+        assert task is not None
+        drain.enter(task, attempt)
         try:
             payload = await self._serve(scope, receive, send, attempt)
+        except asyncio.CancelledError:
+            if not drain.was_cut(task):
+                raise
+            task.uncancel()  # the drain's cancel is handled here: the answer still ends properly
+            await end_cut(send, attempt)
         except Exception:
             log.exception("unhandled error on %s", scope["path"])
             if not attempt.status:
                 attempt.status, attempt.error_code, attempt.refused = 500, "internal_error", True
                 await send_json(send, 500, list(JSON_HEADERS), _INTERNAL_ERROR)
         finally:
+            drain.leave(task)
             self._observer.finished(scope["method"], scope["path"], attempt, payload)
             if traced is not None:
                 self._tracing.end_request(traced, _answer_attributes(attempt), failed=attempt.status >= 500)
@@ -94,6 +108,9 @@ class CompletionsHandler:
         """Answer the request; returns its parsed body if it was admitted (the access log may show its prompt)."""
         if scope["method"] != "POST":
             await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
+            return None
+        if self._drain.draining:
+            await refuse(send, attempt)
             return None
         state = self._state
         try:
