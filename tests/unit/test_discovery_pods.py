@@ -1,0 +1,105 @@
+"""Which pods are replicas (the pure decision), the set a list and its watch events build, and label selectors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from lightkube.core import decoders
+from lightkube.resources.core_v1 import Pod
+
+from spillgate.backends.discovery import DiscoveredReplica
+from spillgate.backends.discovery.pods import PodPort, PodSet, SelectorError, parse_selector, replica_of
+
+HTTP = PodPort(30000)
+
+
+def pod(
+    name: str = "llama-0",
+    *,
+    ip: str | None = "10.1.2.3",
+    phase: str = "Running",
+    ready: bool = True,
+    deleting: bool = False,
+    port_name: str = "http",
+) -> Any:
+    """A Pod as the API server sends it, decoded by lightkube as the watcher receives it."""
+    metadata: dict[str, Any] = {"name": name, "namespace": "llm", "resourceVersion": "7"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: dict[str, Any] = {"phase": phase, "conditions": [{"type": "Ready", "status": str(ready)}]}
+    if ip is not None:
+        status["podIP"] = ip
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "engine", "ports": [{"name": port_name, "containerPort": 30000}]}]},
+        "status": status,
+    }
+    return decoders.decode_object(json.dumps(body).encode(), Pod)
+
+
+def test_a_running_ready_pod_with_an_ip_is_a_replica() -> None:
+    assert replica_of(pod(), HTTP) == (DiscoveredReplica("llama-0", "http://10.1.2.3:30000"), "ready")
+    https = PodPort("http", "https")
+    assert replica_of(pod(), https)[0] == DiscoveredReplica("llama-0", "https://10.1.2.3:30000")
+    assert replica_of(pod(ip="fd00::5"), HTTP)[0] == DiscoveredReplica("llama-0", "http://[fd00::5]:30000")
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"ready": False}, "not ready"),
+        ({"phase": "Pending"}, "phase Pending"),
+        ({"phase": "Succeeded"}, "phase Succeeded"),
+        ({"ip": None}, "no IP yet"),
+        ({"deleting": True}, "terminating"),
+    ],
+)
+def test_a_pod_that_cannot_serve_is_not_a_replica(changes: dict[str, Any], why: str) -> None:
+    assert replica_of(pod(**changes), HTTP) == (None, why)
+
+
+def test_a_named_port_is_looked_up_in_the_containers() -> None:
+    assert replica_of(pod(port_name="http"), PodPort("http"))[0] is not None
+    assert replica_of(pod(port_name="metrics"), PodPort("http")) == (None, "no container port named 'http'")
+
+
+def test_the_set_follows_events_and_a_relist_drops_what_it_lacks() -> None:
+    pods = PodSet(HTTP)
+    assert pods.relisted([pod("a"), pod("b", ready=False)])
+    assert [r.pod for r in pods.replicas()] == ["a"]
+    assert pods.why == {"b": "not ready"}
+    assert pods.event("MODIFIED", pod("b"))
+    assert [r.pod for r in pods.replicas()] == ["a", "b"]
+    assert not pods.event("MODIFIED", pod("b")), "the same state again is no change"
+    assert not pods.event("BOOKMARK", pod("b")), "a bookmark carries no pod"
+    assert pods.event("MODIFIED", pod("a", deleting=True))
+    assert [r.pod for r in pods.replicas()] == ["b"]
+    assert pods.event("DELETED", pod("a", deleting=True)) is False, "already out of the set"
+    assert "a" not in pods.pods
+    assert pods.relisted([pod("c")]), "b vanished from the list: gone, whatever events were lost"
+    assert [r.pod for r in pods.replicas()] == ["c"]
+
+
+def test_a_pod_whose_ip_changed_is_a_new_address() -> None:
+    pods = PodSet(HTTP)
+    pods.relisted([pod("a", ip="10.0.0.1")])
+    assert pods.event("MODIFIED", pod("a", ip="10.0.0.2"))
+    assert pods.replicas() == (DiscoveredReplica("a", "http://10.0.0.2:30000"),)
+
+
+def test_label_selectors_encode_as_the_api_server_reads_them() -> None:
+    from lightkube.core.selector import build_selector
+
+    text = "app=sglang,tier!=canary,env in (prod,staging),gpu,!legacy"
+    assert build_selector(parse_selector(text)) == text
+    assert build_selector(parse_selector("app==x")) == "app=x"
+
+
+@pytest.mark.parametrize("text", ["", "app=x,", "a b=c", "env in prod", "env in ()", "=x"])
+def test_a_malformed_selector_is_refused(text: str) -> None:
+    with pytest.raises(SelectorError):
+        parse_selector(text)
