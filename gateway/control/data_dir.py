@@ -11,9 +11,11 @@ from spillgate.gateway.control.config import StateConfig
 
 def user_state_home() -> Path:
     """``$XDG_STATE_HOME/spillgate``, else ``~/.local/state/spillgate``: the user's, never the working directory,
-    so a gateway started from another directory finds its ledger."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "spillgate"
+    so a gateway started from another directory finds its ledger. A relative ``XDG_STATE_HOME`` is ignored, as
+    the XDG base directory specification says."""
+    given = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(given) if given and Path(given).is_absolute() else Path.home() / ".local" / "state"
+    return base / "spillgate"
 
 
 def data_directory(settings: StateConfig, config_path: Path | None) -> Path:
