@@ -74,10 +74,16 @@ class Backend:
     breaker: Breaker = field(default_factory=Breaker)
     """Passive outlier detection from real requests (:mod:`backends.outlier`): out while ejected, probes or not."""
     pool: str = ""
+    """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
+    origin: str = "config"
+    """Where a replica came from: ``config`` (the pool's ``replicas``), ``simulated`` or ``discovered`` (a source
+    found it at run time: runtime state, never written into a config version)."""
+    departed: bool = False
+    """Gone from the catalog, still finishing requests sent before (drained): no new request picks it. Written by
+    the registry."""
     kv_events: KvEventSource | None = None
     """Where its KV-cache events are published, when the config says (else the replica's own ``info`` does)."""
     kv_events_enabled: bool = True
-    """The pool a replica belongs to (its rent and rates); empty for a hosted model."""
     own: OwnLoad = field(default_factory=OwnLoad)
     """This process's requests here: written only by the dispatch ticket (:mod:`gateway.dispatch.ticket`)."""
     peers: PeersLoad = field(default_factory=PeersLoad)
@@ -153,7 +159,10 @@ class Backend:
             (
                 self.name,  # name
                 self.kind,  # kind
-                self.healthy and now >= self.unhealthy_until and now >= self.breaker.ejected_until,  # healthy
+                self.healthy
+                and now >= self.unhealthy_until
+                and now >= self.breaker.ejected_until
+                and not self.departed,  # healthy
                 in_flight,  # in_flight
                 load.running,  # running
                 load.queued,  # queued

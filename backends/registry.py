@@ -26,6 +26,10 @@ from spillgate.policies.types import Snapshot
 
 log = logging.getLogger("spillgate.backends")
 
+DEPARTED_KEPT_S = 60.0
+"""How long a replica that left the catalog stays reachable by name after its last request: a request admitted
+just before it left may still look it up (to book it, or to fall back from it)."""
+
 
 def external_load(load: ReplicaLoad, ours: int) -> int:
     """Other clients' requests in a scrape: what the replica counted beyond ``ours``, the most of this gateway's
@@ -41,6 +45,10 @@ class ReplicaEvents(Protocol):
     def capacity_known(self, replica: str, max_total_tokens: int) -> None: ...
 
     def restarted(self, replica: str) -> None: ...
+
+    def removed(self, replica: str) -> None:
+        """The replica is gone for good: forget what it held."""
+        ...
 
 
 class BackendRegistry:
@@ -59,6 +67,8 @@ class BackendRegistry:
     ) -> None:
         """``generation_check_s``: how often to run the engines' generation checks (0: never)."""
         self._backends = {b.name: b for b in backends}
+        self._departed: dict[str, tuple[Backend, float]] = {}
+        """Replicas that left the catalog and are draining: by name, with when they were last seen busy."""
         self.outlier = outlier or OutlierRules()
         """Thresholds of passive outlier detection; a config change may replace them."""
         self._events = events
@@ -72,11 +82,65 @@ class BackendRegistry:
         self._http: httpx.AsyncClient | None = None
 
     def __getitem__(self, name: str) -> Backend:
-        return self._backends[name]
+        backend = self._backends.get(name)
+        if backend is None:
+            departed = self._departed.get(name)
+            if departed is None:
+                raise KeyError(name)
+            return departed[0]
+        return backend
 
     def replace(self, backends: Iterable[Backend]) -> None:
-        """Serve a new set of backends (a new config version); the next poll probes the new ones."""
-        self._backends = {b.name: b for b in backends}
+        """Serve a new set of backends (a new config version, or discovery); the next poll probes the new ones.
+
+        A replica that leaves is drained: no new request picks it (its state is unhealthy), those in flight finish
+        on it, and it stays reachable by name until :meth:`sweep` finds it idle long enough."""
+        new = {b.name: b for b in backends}
+        kept = {id(b) for b in new.values()}
+        now = time.monotonic()
+        for backend in self._backends.values():
+            if id(backend) not in kept and backend.kind == "replica":
+                backend.departed = True
+                busy = backend.own.in_flight
+                if busy:
+                    log.warning("replica %s left rotation: draining %d request(s) in flight", backend.name, busy)
+                else:
+                    log.warning("replica %s left rotation", backend.name)
+                self._departed[backend.name] = (backend, now)
+        for backend in new.values():
+            backend.departed = False
+            departed = self._departed.get(backend.name)
+            if departed is not None and departed[0] is backend:
+                del self._departed[backend.name]  # back before it was swept (a pod ready again)
+        self._backends = new
+
+    def known(self) -> dict[str, Backend]:
+        """Every backend by name, draining ones included (under a name now taken, the serving one): what a new
+        catalog may reuse, so a replica back at its address keeps what was learned about it."""
+        return {name: backend for name, (backend, _) in self._departed.items()} | self._backends
+
+    def draining(self) -> list[Backend]:
+        """Replicas that left the catalog and still finish requests here."""
+        return [backend for backend, _ in self._departed.values() if backend.own.in_flight]
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Forget replicas that left and have had nothing in flight for :data:`DEPARTED_KEPT_S`; the names whose
+        state is now gone for good (no serving backend has the name) are told to ``events.removed``."""
+        now = time.monotonic() if now is None else now
+        gone = []
+        for name, (backend, since) in list(self._departed.items()):
+            if backend.own.in_flight:
+                self._departed[name] = (backend, now)
+                continue
+            if now - since < DEPARTED_KEPT_S:
+                continue
+            del self._departed[name]
+            if name not in self._backends:
+                gone.append(name)
+                log.info("replica %s drained and removed", name)
+                if self._events is not None:
+                    self._events.removed(name)
+        return gone
 
     def __iter__(self) -> Iterator[Backend]:
         return iter(self._backends.values())
@@ -85,7 +149,10 @@ class BackendRegistry:
         now = time.monotonic()
         backends = self._backends
         hits = (prefix_tokens or {}).get
-        return Snapshot(tuple([backends[n].state(now, hits(n, 0)) for n in names]))
+        try:
+            return Snapshot(tuple([backends[n].state(now, hits(n, 0)) for n in names]))
+        except KeyError:  # a route read just before a replica left: the departed one shows unhealthy
+            return Snapshot(tuple([self[n].state(now, hits(n, 0)) for n in names]))
 
     def any_healthy(self) -> bool:
         now = time.monotonic()
@@ -161,6 +228,7 @@ class BackendRegistry:
         while True:
             await asyncio.sleep(self._interval_s)
             polls += 1
+            self.sweep()
             if self._generation_every and polls % self._generation_every == 0:
                 self._start_generation_checks()
             await self.poll_once()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ from spillgate.gateway.capacity.sampler import sample_forever
 from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
 from spillgate.gateway.control.config import ConfigError, GatewayConfig, StateConfig
 from spillgate.gateway.control.data_dir import data_directory
+from spillgate.gateway.control.discovery import Discovery
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.routes import Route
-from spillgate.gateway.control.secrets import resolve_secret
+from spillgate.gateway.control.secrets import MissingSecret, resolve_secret
 from spillgate.gateway.dispatch.coalesce import PrefillsInFlight
 from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
 from spillgate.gateway.dispatch.peer_load import PeerLoad
@@ -41,6 +43,8 @@ from spillgate.gateway.observability.metrics import GatewayMetrics
 from spillgate.gateway.tenancy.spend_view import LedgerSpend
 from spillgate.gateway.tenancy.tenants import TenantDirectory
 from spillgate.policies.complexity import ComplexityClassifier
+
+log = logging.getLogger("spillgate.discovery")
 
 _ASSUMED_KV_TOKENS = 200_000
 """Index capacity for a replica until its ``/get_server_info`` says how many tokens its KV cache holds."""
@@ -83,10 +87,26 @@ class GatewayState:
     """Books each attempt on its backend (:mod:`gateway.dispatch.ticket`): the only writer of this process's load."""
     kv_feeds: KvEventFeeds = field(init=False)
     """The replicas' KV-cache event subscriptions, feeding ``prefix``."""
+    discovery: Discovery = field(init=False)
+    """The replicas found at run time (Kubernetes pods), by pool: runtime state, never in a config version."""
 
     def __post_init__(self) -> None:
         self.dispatcher = Dispatcher(self.prefilling, self.prefix)
         self.kv_feeds = KvEventFeeds(self.prefix)
+        self.discovery = Discovery(self.rediscover)
+
+    def catalog_for(self, config: GatewayConfig) -> Catalog:
+        """What ``config`` builds here: its backends with the replicas discovered now, reusing the running (and
+        draining) backends that kept their name and address."""
+        existing = self.registry.known()
+        return build_catalog(config, self.endpoints, existing, self.discovery.replicas(config))
+
+    def rediscover(self) -> None:
+        """A pool's discovered replicas changed: the running config's catalog again, with them."""
+        try:
+            self.apply(self.catalog_for(self.config))
+        except (ConfigError, MissingSecret) as exc:  # the environment changed under the running config
+            log.error("discovered replicas could not be applied; the catalog stays as it was: %s", exc)
 
     @property
     def spend(self) -> LedgerSpend:
@@ -123,6 +143,7 @@ class GatewayState:
         )
         self.capacity.configure(catalog.config, (b.name for b in replicas.values()), time.perf_counter())
         self.config = catalog.config
+        self.discovery.configure(catalog.config)
 
     async def start(self) -> None:
         settings = self.config.state
@@ -158,6 +179,7 @@ class GatewayState:
                     self.accountant.shared.processes = lambda: 1 + peers.peers
         if self.live is not None:
             await self.live.start(client)
+        await self.discovery.start()
         await self.registry.start()
         await self.kv_feeds.start(self.registry)
         self._capacity_sampling = asyncio.create_task(
@@ -171,6 +193,7 @@ class GatewayState:
                 await self._capacity_sampling
         if self.live is not None:
             await self.live.stop()
+        await self.discovery.stop()
         await self.registry.stop()
         await self.kv_feeds.stop()
         await self.accountant.stop()

@@ -1,7 +1,10 @@
-"""The admin API: the running config, its history, live edits, rollbacks and the file's word. Admin keys only."""
+"""The admin API: the running config, its history, live edits, rollbacks and the file's word; one static replica
+added or drained; every backend with where it came from. Admin keys only."""
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any
 
 import orjson
@@ -10,8 +13,10 @@ import yaml
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from spillgate.gateway.control.catalog import discovered_name
 from spillgate.gateway.control.config import ConfigError
 from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.control.replica_edits import ReplicaEditRefused, add_replica, remove_replica
 from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Admin
@@ -36,7 +41,48 @@ def admin_router(state: GatewayState) -> APIRouter:
             "config": config.current.raw,
             "file": config.file_status(),
             "warnings": config.warnings,
+            "discovered": discovered(),
         }
+
+    def discovered() -> dict[str, list[dict[str, str]]]:
+        """Replicas found at run time, by pool: runtime state, never part of ``config`` or of a version."""
+        return {
+            pool: [{"name": discovered_name(pool, r.pod), "pod": r.pod, "url": r.url} for r in replicas]
+            for pool, replicas in state.discovery.replicas(state.config).items()
+        }
+
+    @router.get("/backends")
+    async def backends(request: Request) -> dict[str, Any]:
+        """Every backend now: where each replica came from (``config``, ``simulated``, ``discovered``), its health
+        and requests in flight; replicas draining (gone from the config or their pod, finishing requests); and each
+        pool's discovery with how its source answers."""
+        state.tenants.authenticate_admin(request.headers.get("authorization"))
+        now = time.monotonic()
+        return {
+            "backends": [_backend(b, now) for b in state.registry],
+            "draining": [_backend(b, now) for b in state.registry.draining()],
+            "discovery": state.discovery.status(),
+        }
+
+    @router.post("/pools/{pool}/replicas")
+    async def add_pool_replica(pool: str, request: Request) -> Response:
+        """Add one static replica (``{"url": "http://host:port"}``) to a pool: a config version like any edit."""
+        config, admin = live(request)
+        url = _replica_url(_json_body(await request.body()).get("url"))
+        found = {p: [r.url for r in rs] for p, rs in state.discovery.replicas(state.config).items()}
+        simulated = [u for urls in state.endpoints.replicas.values() for u in urls]
+        edit = add_replica(pool, url, found, simulated)
+        return await _change(config.edit(edit, f"admin:{admin.key_id}", keeping_admin=admin.digest))
+
+    @router.delete("/pools/{pool}/replicas")
+    async def remove_pool_replica(pool: str, request: Request) -> Response:
+        """Drain one static replica (``?url=http://host:port``) out of a pool: no new requests, those in flight
+        finish; a config version like any edit. A discovered replica leaves with its pod instead."""
+        config, admin = live(request)
+        url = _replica_url(request.query_params.get("url"))
+        found = {p: {r.url: r.pod for r in rs} for p, rs in state.discovery.replicas(state.config).items()}
+        edit = remove_replica(pool, url, found)
+        return await _change(config.edit(edit, f"admin:{admin.key_id}", keeping_admin=admin.digest))
 
     @router.put("/config")
     async def put_config(request: Request) -> Response:
@@ -70,9 +116,49 @@ def admin_router(state: GatewayState) -> APIRouter:
     return router
 
 
+_REPLICA_URL = re.compile(r"^https?://[^/?#@\s]+/?$")
+
+
+def _replica_url(url: object) -> str:
+    if not isinstance(url, str) or not url:
+        raise ApiError(422, "Give the replica's 'url' (http://host:port).", param="url", code="invalid_replica_url")
+    if not _REPLICA_URL.match(url):
+        raise ApiError(
+            422,
+            f"{url!r} is not a replica URL: http(s)://host:port, without path, query or user.",
+            param="url",
+            code="invalid_replica_url",
+        )
+    return url
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ApiError(400, 'The body must be a JSON object: {"url": "http://host:port"}.')
+    return parsed
+
+
+def _backend(backend: Any, now: float) -> dict[str, Any]:
+    shown: dict[str, Any] = {
+        "name": backend.name,
+        "kind": backend.kind,
+        "healthy": backend.state(now).healthy,
+        "in_flight": backend.own.in_flight,
+    }
+    if backend.kind == "replica":
+        shown |= {"pool": backend.pool, "url": backend.base_url, "origin": backend.origin}
+    return shown
+
+
 async def _change(change: Any) -> Response:
     try:
         version = await change
+    except ReplicaEditRefused as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
     except ConfigError as exc:
         return _refused(exc)
     except (aioredis.RedisError, OSError):

@@ -7,11 +7,13 @@ old version settle on the same counters the new version routes by.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from spillgate.backends.backend import Backend
+from spillgate.backends.discovery import DiscoveredReplica
 from spillgate.backends.engines import Engine, KvEventSource, engine_named
 from spillgate.backends.hosted import HostedModel, PriceOverride, UnknownModelPrice
 from spillgate.backends.prefill_rate import PrefillRateEstimator
@@ -26,6 +28,8 @@ from spillgate.gateway.control.config import (
 from spillgate.gateway.control.routes import Route, build_routes
 from spillgate.gateway.control.secrets import resolve_secret
 from spillgate.gateway.tenancy.tenants import TenantDirectory
+
+log = logging.getLogger("spillgate.discovery")
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,14 @@ class Catalog:
     """Each pool's rent and rates, at its size in this version."""
 
 
-def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping[str, Backend]) -> Catalog:
-    """Build what ``config`` describes, reusing ``existing`` backends that kept their name and address."""
+def build_catalog(
+    config: GatewayConfig,
+    endpoints: Endpoints,
+    existing: Mapping[str, Backend],
+    discovered: Mapping[str, Sequence[DiscoveredReplica]] | None = None,
+) -> Catalog:
+    """Build what ``config`` describes, reusing ``existing`` backends that kept their name and address.
+    ``discovered``: the replicas each pool's discovery has found now (runtime state, never in the config)."""
     # What can fail (a missing secret, an admin key reused as a tenant key) comes before anything that
     # touches the live backends, so a refused version leaves them as they were.
     hosted_models = _hosted_models(config, endpoints.hosted)
@@ -61,7 +71,20 @@ def build_catalog(config: GatewayConfig, endpoints: Endpoints, existing: Mapping
     prices: list[PoolPrice] = []
     for pool in config.pools:
         urls = [*pool.replicas, *(endpoints.replicas.get(pool.name, []) if pool.simulated is not None else [])]
-        pool_backends = _pool_backends(pool, urls, existing)
+        origins = ["config"] * len(pool.replicas) + ["simulated"] * (len(urls) - len(pool.replicas))
+        names = [f"{pool.name}-{index}" for index in range(len(urls))]
+        found = (discovered or {}).get(pool.name, ()) if pool.discovery is not None else ()
+        known = {url.rstrip("/") for url in urls}
+        for replica in sorted(found):
+            name = discovered_name(pool.name, replica.pod)
+            if replica.url in known or name in names:
+                log.info("discovered %s at %s is already in pool %s: served once", replica.pod, replica.url, pool.name)
+                continue
+            urls.append(replica.url)
+            names.append(name)
+            origins.append("discovered")
+            known.add(replica.url)
+        pool_backends = _pool_backends(pool, list(zip(names, urls, origins, strict=True)), existing)
         backends += pool_backends
         members[pool.name] = [b.name for b in pool_backends]
         prices.append(pool_price(pool, len(pool_backends)))
@@ -76,15 +99,25 @@ def pool_price(pool: PoolConfig, replicas: int) -> PoolPrice:
     return PoolPrice(pool.name, replicas, pool.gpu_usd_per_hour, pool.prefill_tokens_per_s, pool.output_tokens_per_s)
 
 
-def _pool_backends(pool: PoolConfig, urls: list[str], existing: Mapping[str, Backend]) -> list[Backend]:
+def discovered_name(pool: str, pod: str) -> str:
+    """A discovered replica's backend name: its pool and pod, the same in every gateway process (shared state in
+    Redis is keyed by it) and for as long as the pod lives."""
+    return f"{pool}/{pod}"
+
+
+def _pool_backends(
+    pool: PoolConfig, members: list[tuple[str, str, str]], existing: Mapping[str, Backend]
+) -> list[Backend]:
+    """A backend per (name, URL, origin), with the pool's settings."""
     api_key = resolve_secret(pool.api_key) if pool.api_key else None
     # A replica request's price is the GPU time it takes from the others (gateway.accounting.rent).
     price = pool_price(pool, 1)
     usd_per_mtok_in = price.usd(price.gpu_seconds(1_000_000, 0))
     usd_per_mtok_out = price.usd(price.gpu_seconds(0, 1_000_000))
     backends = []
-    for index, url in enumerate(urls):
-        backend = _reuse(existing, f"{pool.name}-{index}", "replica", url.rstrip("/"), engine_named(pool.engine))
+    for name, url, origin in members:
+        backend = _reuse(existing, name, "replica", url.rstrip("/"), engine_named(pool.engine))
+        backend.origin = origin
         backend.served_model = pool.served_model
         backend.use_key(api_key)
         backend.prefill_tokens_per_s = pool.prefill_tokens_per_s

@@ -209,6 +209,38 @@ class KvEventsConfig(Strict):
     topic: str = Field(default="", description="the publisher's topic (a prefix; empty takes every topic)")
 
 
+class KubernetesDiscovery(Strict):
+    """A pool's replicas as the Running, Ready pods of a namespace that match a label selector (list + watch)."""
+
+    namespace: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="default: the gateway's own namespace (its service account's), else 'default'",
+    )
+    label_selector: str = Field(min_length=1, max_length=1024, description="e.g. app=sglang-llama-8b")
+    port: Annotated[int, Field(ge=1, le=65535)] | Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] = (
+        Field(description="the replica's port on each pod: a number, or the name of a container port")
+    )
+    scheme: Literal["http", "https"] = "http"
+
+    @model_validator(mode="after")
+    def _selector_reads(self) -> KubernetesDiscovery:
+        from spillgate.backends.discovery.pods import SelectorError, parse_selector
+
+        try:
+            parse_selector(self.label_selector)
+        except SelectorError as exc:
+            raise ValueError(f"label_selector: {exc}") from None
+        return self
+
+
+class DiscoveryConfig(Strict):
+    """Where a pool finds replicas at run time, besides its static ``replicas``."""
+
+    kubernetes: KubernetesDiscovery
+
+
 class PoolConfig(Strict):
     """A set of interchangeable replicas of one engine serving one model."""
 
@@ -238,11 +270,14 @@ class PoolConfig(Strict):
         default=1000.0, gt=0, description="one replica's output tokens/s at full batch within the SLO (a load test)"
     )
     kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
+    discovery: DiscoveryConfig | None = Field(
+        default=None, description="replicas found at run time (Kubernetes pods), besides the static ones"
+    )
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
-        if not self.replicas and self.simulated is None:
-            raise ValueError("a pool needs 'replicas' (URLs) or 'simulated'")
+        if not self.replicas and self.simulated is None and self.discovery is None:
+            raise ValueError("a pool needs 'replicas' (URLs), 'simulated' or 'discovery'")
         return self
 
 

@@ -120,11 +120,24 @@ def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> I
                 replicas = entry.get("replicas")
                 for url in replicas if isinstance(replicas, list) else []:
                     yield path, entry["api_key"], origin(str(url))
+                discovered = discovery_destination(entry.get("discovery"))
+                if discovered is not None:
+                    yield path, entry["api_key"], discovered
             elif isinstance(entry.get("api_base"), str):
                 yield path, entry["api_key"], origin(entry["api_base"])
             elif entry.get("simulated") is None:
                 model = str(entry.get("model"))
                 yield path, entry["api_key"], f"provider {provider_of(model) or model}"
+
+
+def discovery_destination(discovery: object) -> str | None:
+    """Where a pool's key goes to replicas it discovers: the pods of one namespace and label selector, as written
+    (a discovered pod's address is whatever the cluster gave it, so the selector is what bounds the key)."""
+    if not isinstance(discovery, dict) or not isinstance(discovery.get("kubernetes"), dict):
+        return None
+    kubernetes = discovery["kubernetes"]
+    namespace = kubernetes.get("namespace") or "(the gateway's own namespace)"
+    return f"kubernetes pods in namespace {namespace} matching {kubernetes.get('label_selector')!r}"
 
 
 class SecretBindings:
@@ -156,6 +169,11 @@ class SecretBindings:
             if (path, message) not in problems:
                 problems.append((path, message))
         return problems
+
+    def bound(self, key: object) -> bool:
+        """Whether ``key`` (as written) was configured at start: its destinations are bound by :meth:`problems`.
+        A key sent later through the admin API is not, and only the redaction rule keeps it where it was sent."""
+        return isinstance(key, str) and key in self._bound
 
     def _widened(self, where: str) -> bool:
         return where.startswith(("http://", "https://")) and host_allowed(where, self._hosts)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,11 +26,12 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 
 from spillgate.backends.backend import Backend
-from spillgate.gateway.control.catalog import Catalog, Endpoints, build_catalog
+from spillgate.gateway.control.catalog import Catalog, Endpoints
 from spillgate.gateway.control.config import ConfigError, GatewayConfig
 from spillgate.gateway.control.config_checks import RESTART_ONLY, EditRules, check_edit
 from spillgate.gateway.control.config_file import FileContent, read_config_file
 from spillgate.gateway.control.config_history import (
+    REDACTED,
     ConfigVersion,
     Destination,
     change_summary,
@@ -53,6 +55,10 @@ class ConfigTarget(Protocol):
     config: GatewayConfig
     endpoints: Endpoints
     registry: Iterable[Backend]
+
+    def catalog_for(self, config: GatewayConfig) -> Catalog:
+        """What ``config`` builds on the running backends, with the replicas discovered now."""
+        ...
 
     def apply(self, catalog: Catalog) -> None:
         """Serve ``catalog`` from now on; requests already admitted finish on the one they started with."""
@@ -204,6 +210,47 @@ class LiveConfig:
         self._reconcile()
         return version
 
+    async def edit(
+        self, change: Callable[[dict[str, Any]], dict[str, Any]], author: str, *, keeping_admin: str | None = None
+    ) -> ConfigVersion:
+        """Make ``change`` to the running config (a copy, secrets in the clear) and propose the result, as one step
+        (no other change lands in between): an edit of one part without shipping the whole config. ``change`` may
+        raise to refuse. A key configured at start goes where :class:`SecretBindings` allow, as in any edit; a key
+        sent later through the API stays on the replicas it was sent for (the redaction rule of a ``PUT``)."""
+        async with self._lock:
+            raw = change(copy.deepcopy(self._running_raw))
+            problems = self._unbound_key_moves(raw)
+            if problems:
+                exc = ConfigError.listing(problems, "config: ")
+                log.warning(
+                    "config change from %s refused; version %d keeps running: %s",
+                    self._origin(author),
+                    self.current.version,
+                    _problem_list(exc),
+                )
+                raise exc
+            return await self._change(raw, author, keeping_admin=keeping_admin, file=None)
+
+    def _unbound_key_moves(self, raw: dict[str, Any]) -> list[tuple[str, str]]:
+        """Pools whose key was not configured at start (sent through the API) and that ``raw`` would send it to a
+        replica, or a discovery, it was not sent for."""
+        running = {p.get("name"): p for p in self._running_raw.get("pools") or [] if isinstance(p, dict)}
+        problems = []
+        for index, pool in enumerate(raw.get("pools") or []):
+            if not isinstance(pool, dict) or not pool.get("api_key") or self._rules.bindings.bound(pool["api_key"]):
+                continue
+            before = running.get(pool.get("name")) or {}
+            added = set(map(str, pool.get("replicas") or [])) - set(map(str, before.get("replicas") or []))
+            if added or pool.get("discovery") != before.get("discovery"):
+                problems.append(
+                    (
+                        f"pools.{index}.api_key",
+                        "this pool's key was sent through the admin API, so it goes only to the replicas it was sent "
+                        "for: to send it to a new one, PUT the config with the key",
+                    )
+                )
+        return problems
+
     async def rollback(self, number: int, author: str, *, keeping_admin: str | None = None) -> ConfigVersion:
         """Run version ``number``'s config again, as a new version; start-up settings stay as they run."""
         old = self._history.get(number)
@@ -232,13 +279,26 @@ class LiveConfig:
         # Start-up settings left out of an edit stay as they are; redacted secrets are put back.
         kept = {key: self._running_raw[key] for key in RESTART_ONLY if key in self._running_raw}
         restored, secret_problems = self._unredact(raw)
+        secret_problems += self._discovery_moves(raw)
         raw = kept | restored
         return check_edit(raw, self._rules, secret_problems=secret_problems, keeping_admin=keeping_admin), raw
 
+    def _discovery_moves(self, raw: dict[str, Any]) -> list[tuple[str, str]]:
+        """A redacted pool key is restored only onto the replicas it was sent for: not onto pods of a discovery
+        the pool did not have, or had with another namespace or selector (the key must be sent again)."""
+        running = {p.get("name"): p for p in self._running_raw.get("pools") or [] if isinstance(p, dict)}
+        problems = []
+        for index, pool in enumerate(raw.get("pools") or []):
+            if not isinstance(pool, dict) or pool.get("api_key") != REDACTED or not pool.get("discovery"):
+                continue
+            if pool.get("discovery") != (running.get(pool.get("name")) or {}).get("discovery"):
+                message = "a redacted key is not restored onto a new discovery (other pods): send the key again"
+                problems.append((f"pools.{index}.api_key", message))
+        return problems
+
     def _apply(self, config: GatewayConfig, raw: dict[str, Any]) -> None:
-        existing = {b.name: b for b in self._state.registry}
         try:
-            catalog = build_catalog(config, self._state.endpoints, existing)
+            catalog = self._state.catalog_for(config)
         except ConfigError as exc:
             raise ConfigError(f"config: {exc}", exc.problems or [("(config)", str(exc))]) from None
         except MissingSecret as exc:

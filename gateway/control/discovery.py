@@ -1,0 +1,120 @@
+"""The one owner of the replicas found at run time: a watcher per pool that asks for one, and the set each found.
+
+The config says where to look (a pool's ``discovery``); this keeps one watcher per pool in line with the running
+config (started, moved when the pool's discovery changes, stopped when it goes) and the replicas each one last
+reported. Those are runtime state: they join the catalog every config version builds (:meth:`replicas`), survive
+unrelated edits, and are never written into a version. A change is handed to ``on_change`` (the gateway rebuilds
+its catalog), nothing else writes the set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from spillgate.backends.discovery import DiscoveredReplica
+from spillgate.backends.discovery.kubernetes import ClientFactory, KubernetesSource, PodWatcher, default_client
+from spillgate.gateway.control.config import GatewayConfig, PoolConfig
+
+log = logging.getLogger("spillgate.discovery")
+
+_FIRST_LIST_S = 5.0
+"""How long the gateway waits at start for each pool's first list, so it starts serving the pods already up."""
+
+
+def source_of(pool: PoolConfig) -> KubernetesSource | None:
+    if pool.discovery is None:
+        return None
+    kubernetes = pool.discovery.kubernetes
+    return KubernetesSource(kubernetes.namespace, kubernetes.label_selector, kubernetes.port, kubernetes.scheme)
+
+
+class Discovery:
+    """Watchers by pool, and what each found."""
+
+    def __init__(self, on_change: Callable[[], None], *, client_factory: ClientFactory = default_client) -> None:
+        self._on_change = on_change
+        self._client_factory = client_factory
+        self._wanted: dict[str, KubernetesSource] = {}
+        self._watchers: dict[str, PodWatcher] = {}
+        self._found: dict[str, tuple[KubernetesSource, tuple[DiscoveredReplica, ...]]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    def configure(self, config: GatewayConfig) -> None:
+        """Follow the pools ``config`` asks to discover (a config version was applied); what a pool's old source
+        found is dropped with it (:meth:`replicas` already leaves it out)."""
+        self._wanted = {pool.name: source for pool in config.pools if (source := source_of(pool)) is not None}
+        for pool in [p for p, (source, _) in self._found.items() if self._wanted.get(p) != source]:
+            del self._found[pool]
+        if self._started:
+            self._reconcile()
+
+    def replicas(self, config: GatewayConfig) -> Mapping[str, Sequence[DiscoveredReplica]]:
+        """What each pool of ``config`` has discovered through the source that config names."""
+        found = {}
+        for pool in config.pools:
+            entry = self._found.get(pool.name)
+            if entry is not None and entry[0] == source_of(pool):
+                found[pool.name] = entry[1]
+        return found
+
+    def status(self) -> dict[str, Any]:
+        """For the admin API: each pool's source, how it answers, and what it found."""
+        shown: dict[str, Any] = {}
+        for pool, watcher in sorted(self._watchers.items()):
+            found = self._found.get(pool)
+            shown[pool] = watcher.status() | {
+                "replicas": [{"pod": r.pod, "url": r.url} for r in (found[1] if found else ())]
+            }
+        return shown
+
+    async def start(self, wait_s: float = _FIRST_LIST_S) -> None:
+        """Start the watchers and wait (up to ``wait_s``) for their first lists."""
+        self._started = True
+        self._reconcile()
+        waits = [watcher.listed.wait() for watcher in self._watchers.values()]
+        if waits:
+            try:
+                await asyncio.wait_for(asyncio.gather(*waits), wait_s)
+            except TimeoutError:
+                late = [p for p, w in self._watchers.items() if not w.listed.is_set()]
+                log.warning("discovery: no first list within %.0f s for pool(s) %s; serving without them", wait_s, late)
+
+    async def stop(self) -> None:
+        self._started = False
+        watchers, self._watchers = list(self._watchers.values()), {}
+        for watcher in watchers:
+            await watcher.stop()
+        for task in list(self._stopping):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _reconcile(self) -> None:
+        for pool, watcher in list(self._watchers.items()):
+            if self._wanted.get(pool) != watcher.source:
+                del self._watchers[pool]
+                task = asyncio.get_running_loop().create_task(watcher.stop())
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+        for pool, source in self._wanted.items():
+            if pool not in self._watchers:
+                watcher = PodWatcher(pool, source, self._publisher(pool, source), client_factory=self._client_factory)
+                self._watchers[pool] = watcher
+                watcher.start()
+                log.warning("discovery for pool %s: following %s", pool, source.describe())
+
+    def _publisher(self, pool: str, source: KubernetesSource) -> Callable[[tuple[DiscoveredReplica, ...]], None]:
+        def publish(replicas: tuple[DiscoveredReplica, ...]) -> None:
+            if self._wanted.get(pool) != source:
+                return  # a watcher being stopped: its pool moved on
+            previous = self._found.get(pool)
+            if previous is not None and previous[1] == replicas:
+                return
+            self._found[pool] = (source, replicas)
+            self._on_change()
+
+        return publish

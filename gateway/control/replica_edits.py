@@ -1,0 +1,86 @@
+"""Adding or removing one static replica of a pool, as an edit of the running config.
+
+The edit is made on the config as it runs and then goes through the one edit path (:meth:`LiveConfig.edit`):
+validated whole, recorded as a version, shared through Redis, held against the file like any other. What only
+this edit can get wrong (no such pool, a replica already there, one that is not a static replica) is refused
+here, before, with the HTTP status the admin API answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spillgate.gateway.control.egress import origin
+
+RawEdit = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass
+class ReplicaEditRefused(Exception):
+    """An add or remove this pool cannot take, answered with ``status`` in the admin API's error format."""
+
+    status: int
+    message: str
+    code: str
+    param: str | None = "url"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def add_replica(pool: str, url: str, discovered: Mapping[str, Collection[str]], simulated: Collection[str]) -> RawEdit:
+    """The edit adding ``url`` to ``pool``'s ``replicas``. ``discovered``: the URLs each pool's discovery found
+    now; ``simulated``: the simulated replicas' URLs (neither is in the config, but either may hold the address)."""
+
+    def edit(raw: dict[str, Any]) -> dict[str, Any]:
+        entry = _pool(raw, pool)
+        where = origin(url)
+        if any(origin(str(u)) == where for u in entry.get("replicas") or []):
+            raise ReplicaEditRefused(409, f"{url} is already a replica of pool {pool!r}.", "replica_exists")
+        if any(origin(u) == where for u in discovered.get(pool, ())):
+            raise ReplicaEditRefused(
+                409, f"{url} is already a replica of pool {pool!r}: its discovery found it.", "replica_exists"
+            )
+        if any(origin(u) == where for u in simulated):
+            raise ReplicaEditRefused(409, f"{url} is a simulated replica this gateway started.", "replica_exists")
+        entry["replicas"] = [*(entry.get("replicas") or []), url]
+        return raw
+
+    return edit
+
+
+def remove_replica(pool: str, url: str, discovered: Mapping[str, Mapping[str, str]]) -> RawEdit:
+    """The edit removing ``url`` from ``pool``'s ``replicas``; ``discovered``: each pool's discovered replicas,
+    URL to pod, which leave with their pods, not through the config."""
+
+    def edit(raw: dict[str, Any]) -> dict[str, Any]:
+        entry = _pool(raw, pool)
+        where = origin(url)
+        replicas = [str(u) for u in entry.get("replicas") or []]
+        kept = [u for u in replicas if origin(u) != where]
+        if len(kept) == len(replicas):
+            pod = next((p for u, p in discovered.get(pool, {}).items() if origin(u) == where), None)
+            if pod is not None:
+                raise ReplicaEditRefused(
+                    409,
+                    f"{url} was discovered (pod {pod!r}), not configured: it leaves pool {pool!r} when its pod "
+                    "stops matching the pool's discovery (deleted, not Ready, or relabelled), not through this API.",
+                    "replica_discovered",
+                )
+            raise ReplicaEditRefused(
+                404, f"{url} is not a static replica of pool {pool!r}; its replicas: {replicas}.", "replica_not_found"
+            )
+        entry["replicas"] = kept
+        return raw
+
+    return edit
+
+
+def _pool(raw: dict[str, Any], pool: str) -> dict[str, Any]:
+    for entry in raw.get("pools") or []:
+        if isinstance(entry, dict) and entry.get("name") == pool:
+            return entry
+    known = [e.get("name") for e in raw.get("pools") or [] if isinstance(e, dict)]
+    raise ReplicaEditRefused(404, f"There is no pool {pool!r}; pools: {known}.", "pool_not_found", "pool")
