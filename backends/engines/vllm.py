@@ -7,13 +7,18 @@
   ``vllm:cache_config_info`` whose labels hold the KV cache's ``num_gpu_blocks`` and ``block_size``.
 - ``usage.prompt_tokens_details.cached_tokens`` (whole blocks only) only with ``--enable-prompt-tokens-details``;
   nothing at start-up says whether it is on, so the first response tells.
-- Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``; the running-request limit
-  (``--max-num-seqs``) is published nowhere.
+- Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+- The running-request limit in force (``--max-num-seqs``, or the default vLLM chose for the device) is published
+  only by the development endpoint ``/server_info?config_format=json`` (``VLLM_SERVER_DEV_MODE=1``, whose other
+  endpoints reset caches and put the engine to sleep: not for production), as ``vllm_config.scheduler_config``;
+  it applies per data-parallel rank. Without it (404, the default) the limit stays unknown.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import httpx
 
 from spillgate.backends.engines.base import (
     Engine,
@@ -67,6 +72,7 @@ class VLLM(Engine):
         sources = await get("/kv_event_sources")
         return ReplicaInfo(
             max_total_tokens=capacity,
+            max_running=await _max_running(get),
             context_window=context,
             metrics=response.status_code == 200,
             version=str(version.json().get("version", "")) if version.status_code == 200 else "",
@@ -76,6 +82,35 @@ class VLLM(Engine):
 
 
 register_engine(VLLM())
+
+
+async def _max_running(get: Get) -> int:
+    """The running-request limit over the data-parallel ranks this API server fronts, from the development-mode
+    ``/server_info``; 0 when it is not served. Its first answer gathers the host's environment (cached after), so a
+    timeout there leaves the limit unknown rather than failing the replica's probe."""
+    try:
+        response = await get("/server_info?config_format=json")
+    except httpx.TimeoutException:
+        return 0
+    if response.status_code != 200:
+        return 0
+    body = response.json()
+    config = body.get("vllm_config") if isinstance(body, dict) else None
+    if not isinstance(config, dict):
+        return 0  # the text format, or not vLLM's shape
+    scheduler, parallel = config.get("scheduler_config"), config.get("parallel_config")
+    per_rank = as_int(scheduler.get("max_num_seqs")) if isinstance(scheduler, dict) else 0
+    return per_rank * _ranks_served(parallel if isinstance(parallel, dict) else {})
+
+
+def _ranks_served(parallel: dict[str, Any]) -> int:
+    """Engines behind one API server: all ranks with vLLM's internal load balancing, the node's own with the hybrid
+    one, one with an external load balancer (each rank its own server)."""
+    if parallel.get("data_parallel_external_lb"):
+        return 1
+    if parallel.get("data_parallel_hybrid_lb"):
+        return max(1, as_int(parallel.get("data_parallel_size_local")))
+    return max(1, as_int(parallel.get("data_parallel_size")))
 
 
 def _kv_events(body: object) -> KvEventSource | None:
