@@ -4,6 +4,7 @@ hot-path handlers and everything else (health, models, metrics, later admin and 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -236,7 +237,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
             }
             for b in state.registry
         }
-        health: dict[str, object] = {"status": "ok", "backends": backends}
+        health: dict[str, object] = {"status": "ok", "pid": os.getpid(), "backends": backends}
         degraded = _degraded(state)
         if state.prefix.shared is not None:
             health["redis"] = "unreachable" if degraded["prefix_index"] else "connected"

@@ -12,10 +12,8 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import uvicorn
-
-from spillgate.gateway.app import GatewayApp
 from spillgate.gateway.control.config import (
     DEMO_CONFIG_PATH,
     ConfigError,
@@ -25,15 +23,16 @@ from spillgate.gateway.control.config import (
     read_raw,
 )
 from spillgate.gateway.control.data_dir import data_directory
-from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.plugins import PluginError, load_plugins
 from spillgate.gateway.control.secrets import MissingSecret, resolve_secret
-from spillgate.gateway.lifecycle import GatewayServer
-from spillgate.gateway.observability.tracing import Tracing
-from spillgate.gateway.serving.connections import guarded_protocol
-from spillgate.gateway.state import GatewayState, build_state
 from spillgate.gateway.supervisor import CannotListen, ChildProcesses, PrivateRedis, free_port, listening_socket
 from spillgate.gateway.workers import Workers, WorkerSpec, with_redis
+
+if TYPE_CHECKING:
+    from spillgate.gateway.state import GatewayState
+
+# The gateway itself (its app, state, uvicorn, litellm) is imported by the functions that serve: the parent of
+# --workers N needs none of it, and importing it takes seconds of the CPU the starting workers need.
 
 _SHUTDOWN_AFTER_DRAIN_S = 5
 """uvicorn's own graceful shutdown, once the drain is over: for requests other than completions (a slow
@@ -142,9 +141,10 @@ def _serve_workers(args: argparse.Namespace, config: GatewayConfig, path: Path, 
     host, port = listener.getsockname()[:2]
     children = ChildProcesses()
     redis = PrivateRedis()
+    workers: Workers | None = None
     try:
         redis_url = None if config.state.redis_url else redis.start()
-        replica_urls, hosted_urls = _start_simulators(config, children)
+        replica_urls, hosted_urls = _start_simulators(config, children, wait=False)  # they start as the workers do
         command = [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path)]
         command += ["--log-level", args.log_level, *(f"--plugin={name}" for name in args.plugin)]
         workers = Workers(
@@ -156,7 +156,9 @@ def _serve_workers(args: argparse.Namespace, config: GatewayConfig, path: Path, 
             redis_url=redis_url,
         )
         workers.catch_signals()
-        failed = workers.start()
+        workers.spawn()
+        children.wait_ready(children.readiness)
+        failed = workers.wait_serving()
         if failed is not None:
             return failed
         data_dir = data_directory(config.state, path)
@@ -165,6 +167,8 @@ def _serve_workers(args: argparse.Namespace, config: GatewayConfig, path: Path, 
         print(f"  workers: {args.workers} (pids {', '.join(map(str, workers.pids))}), sharing {shared}", flush=True)
         return workers.supervise(config.timeouts.drain_s)
     finally:
+        if workers is not None:
+            workers.stop(drain_s=0)  # nothing left to stop after supervise; on an error, what was started
         children.stop_all()
         redis.stop()
 
@@ -189,6 +193,9 @@ def _build(
     replica_urls: dict[str, list[str]],
     hosted_urls: dict[str, str],
 ) -> GatewayState | None:
+    from spillgate.gateway.control.live_config import LiveConfig
+    from spillgate.gateway.state import build_state
+
     try:
         state = build_state(config, replica_urls, hosted_urls, config_path=path)
         state.live = LiveConfig(state, raw, path=path)
@@ -200,6 +207,13 @@ def _build(
 
 def _serve(args: argparse.Namespace, state: GatewayState, listener: socket.socket, ready_fd: int | None = None) -> int:
     """Serve on ``listener`` until stopped; a stop signal drains first (:mod:`gateway.lifecycle`)."""
+    import uvicorn
+
+    from spillgate.gateway.app import GatewayApp
+    from spillgate.gateway.lifecycle import GatewayServer
+    from spillgate.gateway.observability.tracing import Tracing
+    from spillgate.gateway.serving.connections import guarded_protocol
+
     config = state.config
     # Everything built so far lives as long as the process: keep it out of every GC pass.
     gc.freeze()
@@ -269,7 +283,10 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[dict[str, list[str]], dict[str, str]]:
+def _start_simulators(
+    config: GatewayConfig, children: ChildProcesses, *, wait: bool = True
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Start the config's simulators; with ``wait``, return once each answers (else ``children.wait_ready``)."""
     replica_urls: dict[str, list[str]] = {}
     """Addresses of the simulated replicas, by pool (a pool's configured ``replicas`` come first)."""
     for pool in config.pools:
@@ -303,9 +320,11 @@ def _start_simulators(config: GatewayConfig, children: ChildProcesses) -> tuple[
         # litellm appends /chat/completions to an OpenAI-style base and /v1/messages to Anthropic's.
         hosted_urls[hosted.name] = url if hosted.model.startswith("anthropic/") else url + "/v1"
     # A simulated replica answers /ready at once, as SGLang does; its /health runs a generation.
-    children.wait_ready(
-        [u + "/ready" for urls in replica_urls.values() for u in urls] + [u + "/health" for u in started]
-    )
+    children.readiness = [u + "/ready" for urls in replica_urls.values() for u in urls] + [
+        u + "/health" for u in started
+    ]
+    if wait:
+        children.wait_ready(children.readiness)
     return replica_urls, hosted_urls
 
 

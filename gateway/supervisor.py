@@ -67,6 +67,8 @@ class ChildProcesses:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._host = host
         self._children: list[subprocess.Popen[bytes]] = []
+        self.readiness: list[str] = []
+        """The URLs that answer 200 once the children started so far serve (for :meth:`wait_ready`)."""
 
     def start(self, command: str, args: Sequence[str]) -> str:
         """Start ``spillgate COMMAND --port <free> ARGS`` and return its base URL (not yet waited for)."""

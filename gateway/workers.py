@@ -111,10 +111,13 @@ class Workers:
     def _on_signal(self, _signum: int, _frame: object) -> None:
         self._signals += 1
 
-    def start(self) -> int | None:
-        """Start every worker and wait until each serves; None then, else the exit code of the one that failed
-        (every other is stopped), or 0 when a stop signal came first."""
+    def spawn(self) -> None:
+        """Start every worker (:meth:`wait_serving` waits for them)."""
         self._workers = [self._spawn(index) for index in range(self._count)]
+
+    def wait_serving(self) -> int | None:
+        """Wait until every worker serves; None then, else the exit code of the one that failed (every other is
+        stopped), or 0 when a stop signal came first."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while not all(w.ready for w in self._workers):
             if self._signals:
