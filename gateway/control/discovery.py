@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spillgate.backends.discovery import DiscoveredReplica
-from spillgate.backends.discovery.kubernetes import ClientFactory, KubernetesSource, PodWatcher, default_client
 from spillgate.gateway.control.config import GatewayConfig, PoolConfig
+
+if TYPE_CHECKING:  # lightkube takes a second to import: only a config that discovers pays for it
+    from spillgate.backends.discovery.kubernetes import ClientFactory, KubernetesSource, PodWatcher
 
 log = logging.getLogger("spillgate.discovery")
 
@@ -28,6 +30,8 @@ _FIRST_LIST_S = 5.0
 def source_of(pool: PoolConfig) -> KubernetesSource | None:
     if pool.discovery is None:
         return None
+    from spillgate.backends.discovery.kubernetes import KubernetesSource
+
     kubernetes = pool.discovery.kubernetes
     return KubernetesSource(kubernetes.namespace, kubernetes.label_selector, kubernetes.port, kubernetes.scheme)
 
@@ -35,7 +39,8 @@ def source_of(pool: PoolConfig) -> KubernetesSource | None:
 class Discovery:
     """Watchers by pool, and what each found."""
 
-    def __init__(self, on_change: Callable[[], None], *, client_factory: ClientFactory = default_client) -> None:
+    def __init__(self, on_change: Callable[[], None], *, client_factory: ClientFactory | None = None) -> None:
+        """``client_factory``: the Kubernetes client each watcher uses (default: in-cluster, else KUBECONFIG)."""
         self._on_change = on_change
         self._client_factory = client_factory
         self._wanted: dict[str, KubernetesSource] = {}
@@ -102,7 +107,10 @@ class Discovery:
                 task.add_done_callback(self._stopping.discard)
         for pool, source in self._wanted.items():
             if pool not in self._watchers:
-                watcher = PodWatcher(pool, source, self._publisher(pool, source), client_factory=self._client_factory)
+                from spillgate.backends.discovery.kubernetes import PodWatcher, default_client
+
+                publish = self._publisher(pool, source)
+                watcher = PodWatcher(pool, source, publish, client_factory=self._client_factory or default_client)
                 self._watchers[pool] = watcher
                 watcher.start()
                 log.warning("discovery for pool %s: following %s", pool, source.describe())
