@@ -18,8 +18,8 @@ $(VENV)/.test: $(VENV)/.runtime
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-demo: $(VENV)/.runtime
-	$(VENV)/bin/spillgate serve
+demo: $(VENV)/.runtime  # `make demo PORT=9000` to listen elsewhere than 8080
+	$(VENV)/bin/spillgate serve $(if $(PORT),--port $(PORT))
 
 test: $(VENV)/.test redis-server chromium
 	$(PY) -m ruff check gateway policies backends cache tests

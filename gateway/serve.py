@@ -127,10 +127,12 @@ def _serve_alone(
     host, port = listener.getsockname()[:2]
     children = ChildProcesses()
     try:
-        replica_urls, hosted_urls = _start_simulators(config, children)
+        # The state is built while the simulators start: a mistake it finds stops them before they are up.
+        replica_urls, hosted_urls = _start_simulators(config, children, wait=False)
         state = _build(config, raw, path, replica_urls, hosted_urls)
         if state is None:
             return 2
+        children.wait_ready(children.readiness)
         _print_banner(config, path, host, port, replica_urls, hosted_urls, state.data_dir)
         return _serve(args, state, listener)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> 
     )
     try:
         banner = gateway.log()
-        assert f"http://127.0.0.1:{port}/v1" in banner
+        assert f"http://127.0.0.1:{port}/v1" in banner and "data directory:" in banner
         assert "sk-spillgate-demo" in banner
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-spillgate-demo", max_retries=0)
         assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "frontier"}
@@ -146,3 +147,83 @@ def test_a_hosted_model_without_a_price_fails_fast_with_the_field_path(tmp_path:
     result = run_serve(path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "hosted_models.0.model" in result.stderr and "set input_per_mtok" in result.stderr
+
+
+SPAWN_WATCH = """
+import sys
+def watch(event, args):
+    if event == "subprocess.Popen":
+        print("SPAWNED", args[1], file=sys.stderr, flush=True)
+sys.addaudithook(watch)
+from spillgate.gateway.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+"""``spillgate`` with every process it starts named on stderr (Python's audit event for ``subprocess.Popen``)."""
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in ("1", "2"):  # the demo's simulators; with two workers, a private Redis and the workers too
+            done = subprocess.run(
+                [sys.executable, "-c", SPAWN_WATCH, "serve", "--port", str(port), "--workers", workers],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+            )
+            assert done.returncode == 2, done.stderr
+            assert f"port {port}" in done.stderr and "--port" in done.stderr and "Traceback" not in done.stderr
+            assert "SPAWNED" not in done.stderr, "nothing may start before the port is known to be free"
+    assert not (tmp_path / "state").exists(), "nor any file be written"
+
+
+def test_the_banner_names_the_data_directory(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO_ROOT / "config" / "demo.yaml").read_text())
+    config["pools"][0]["simulated"]["count"] = 1
+    config["state"] = {"data_dir": "ledger-here"}
+    path = tmp_path / "conf" / "demo.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    gateway = start_spillgate(
+        ["serve", "--config", str(path), "--port", str(port)],
+        port=port,
+        log_dir=tmp_path,
+        ready_path="/ready",
+        timeout=90,
+    )
+    try:
+        assert f"data directory:  {tmp_path / 'conf' / 'ledger-here'}" in gateway.log()
+    finally:
+        gateway.stop()
+    assert (tmp_path / "conf" / "ledger-here" / "ledger.sqlite3").exists()
+
+
+def test_more_workers_without_redis_say_how_to_give_one(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO_ROOT / "config" / "demo.yaml").read_text())
+    config["state"] = {"redis_url": "os.environ/SPILLGATE_TEST_UNSET_REDIS"}
+    named = tmp_path / "named.yaml"
+    named.write_text(yaml.safe_dump(config))
+    env = {key: value for key, value in os.environ.items() if key != "SPILLGATE_TEST_UNSET_REDIS"}
+    no_redis_server = {**env, "PATH": str(tmp_path)}  # nothing on it: no redis-server to start
+    for path, environment, words in (
+        (named, env, ("SPILLGATE_TEST_UNSET_REDIS", "state.redis_url")),  # a Redis named but not given
+        (REPO_ROOT / "config" / "demo.yaml", no_redis_server, ("state.redis_url", "install redis-server")),
+    ):
+        command = ["serve", "--config", str(path), "--port", str(free_port()), "--workers", "2"]
+        done = subprocess.run(
+            [sys.executable, "-c", SPAWN_WATCH, *command],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment,
+        )
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert all(word in done.stderr for word in words), done.stderr
+        assert "SPAWNED" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
