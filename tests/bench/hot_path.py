@@ -6,7 +6,13 @@ can do. Per row: added latency at one connection, non-streaming requests/s at 64
 streams/s at 32 streaming connections (wrk), and time to first byte at 32 streaming connections paced at
 1,500 streams/s (``loadgen``). Every server is stopped by its PID, also on Ctrl-C or an error.
 
-    .venv/bin/python -m tests.bench.hot_path [--seconds 5] [--json FILE] [--skip-router] [--check]
+With ``--workers N`` (N > 1) the gateway runs as ``spillgate serve --workers N`` (N processes on one port, sharing
+a private Redis the gateway starts) and is allowed both cores, the relay's and the clients': its row is then what
+the whole machine relays while it also runs the stub and the load generators, not one core's worth, and is
+compared with the ``--workers 1`` row of another run (the direct and sglang-router rows keep one core). The
+"other work" share of a figure counts every gateway process as the benchmark's own, on both cores.
+
+    .venv/bin/python -m tests.bench.hot_path [--seconds 5] [--json FILE] [--skip-router] [--check] [--workers N]
 """
 
 from __future__ import annotations
@@ -55,8 +61,17 @@ class Bench:
     """The relay's access log: ``json``, ``logfmt`` or ``off``."""
     retry_until: float = 0.0
     """No retries after this ``time.monotonic()``: they must not push the run past its time budget."""
+    workers: int = 1
+    """Gateway processes (``spillgate serve --workers``); more than one are allowed both cores."""
 
-    def measure(self, target: targets.Target, relay_pid: int | None = None) -> dict[str, Any]:
+    @property
+    def gateway_cpus(self) -> str:
+        """The cores the gateway may use, in ``taskset -c`` form."""
+        if self.workers == 1 or self.client_cpu == self.server_cpu:
+            return str(self.server_cpu)
+        return f"{self.server_cpu},{self.client_cpu}"
+
+    def measure(self, target: targets.Target, relay_pids: tuple[int, ...] = ()) -> dict[str, Any]:
         """The four figures for ``target``, each with how much of the two cores other processes took meanwhile."""
         workload = Workload(port=target.port, model=target.model, api_key=target.api_key)
         smoke.check_target(workload)
@@ -84,11 +99,11 @@ class Bench:
         ]
         row: dict[str, Any] = {}
         for key, title, run_figure in figures:
-            row[key] = self._least_disturbed(f"{target.name}: {title}", run_figure, relay_pid)
+            row[key] = self._least_disturbed(f"{target.name}: {title}", run_figure, relay_pids)
         return row
 
     def _least_disturbed(
-        self, title: str, run_figure: Callable[[], dict[str, Any]], relay_pid: int | None
+        self, title: str, run_figure: Callable[[], dict[str, Any]], relay_pids: tuple[int, ...]
     ) -> dict[str, Any]:
         """Measure once; again (up to ``retries`` times, while time is left) if other work took the cores."""
         best: dict[str, Any] | None = None
@@ -96,8 +111,10 @@ class Bench:
             busy = wait_for_quiet((self.server_cpu, self.client_cpu))
             noisy = f" (a core is still {busy:g}% busy with other work)" if busy >= NOISY_PERCENT else ""
             _progress(f"{title}{' again' if attempt else ''}{noisy}")
-            server = CoreWatch(self.server_cpu, () if relay_pid is None else (relay_pid,))
-            client = CoreWatch(self.client_cpu, (self.stub_pid, os.getpid()), children=True)
+            server = CoreWatch(self.server_cpu, relay_pids)
+            # Several gateway workers run on the clients' core too: their time there is not other work.
+            shared = relay_pids if self.workers > 1 else ()
+            client = CoreWatch(self.client_cpu, (self.stub_pid, os.getpid(), *shared), children=True)
             result = run_figure()
             result["foreign_cpu_pct"] = {"relay": server.foreign_percent(), "client": client.foreign_percent()}
             foreign = max(result["foreign_cpu_pct"].values())
@@ -141,16 +158,20 @@ def measure_direct(bench: Bench, stub_port: int) -> dict[str, Any]:
 def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dict[str, Any]:
     port = free_port()
     argv = targets.gateway_argv(bench.work_dir / "spillgate.yaml", stub_port, port, bench.access_log)
-    gateway = start_pinned("spillgate", argv, cpu=bench.server_cpu, log_dir=bench.work_dir)
+    if bench.workers > 1:
+        argv += ["--workers", str(bench.workers)]
+    gateway = start_on_cores("spillgate", argv, bench.gateway_cpus, bench.work_dir)
     started.append(gateway)
     try:
         ready = f"http://127.0.0.1:{port}/ready"
-        wait_until(gateway, lambda: http_request(ready)[0] == 200, timeout=30, what="/ready answering 200")
-        row = bench.measure(targets.Target("spillgate", port, targets.ROUTE, targets.API_KEY), gateway.pid)
+        wait_until(gateway, lambda: http_request(ready)[0] == 200, timeout=60, what="/ready answering 200")
+        relay_pids = (gateway.pid, *_children(gateway.pid))  # the workers (and their Redis) when there are several
+        row = bench.measure(targets.Target("spillgate", port, targets.ROUTE, targets.API_KEY), relay_pids)
         smoke.check_upstream_request(stub_port, targets.STUB_MODEL)
     finally:
-        gateway.stop()
-    row["command"] = " ".join(["taskset", "-c", str(bench.server_cpu), *argv])
+        gateway.stop(timeout=60)  # each worker drains first
+    row["command"] = " ".join(["taskset", "-c", bench.gateway_cpus, *argv])
+    row["workers"] = bench.workers
     row["config"] = targets.gateway_config(stub_port, port, bench.access_log)
     return row
 
@@ -171,11 +192,35 @@ def measure_router(bench: Bench, stub_port: int, started: list[Service]) -> dict
             return http_request(workload.url, body=workload.body(False), headers=workload.headers())[0] == 200
 
         wait_until(router, routes, timeout=60, what="a chat completion answering 200")
-        row = bench.measure(targets.Target("sglang-router", port, targets.STUB_MODEL), router.pid)
+        row = bench.measure(targets.Target("sglang-router", port, targets.STUB_MODEL), (router.pid,))
     finally:
         router.stop()
     row["command"] = " ".join(["taskset", "-c", str(bench.server_cpu), *argv])
     return row
+
+
+def start_on_cores(name: str, argv: list[str], cpus: str, log_dir: Path) -> Service:
+    """:func:`start_pinned` on a ``taskset -c`` list of cores (several gateway workers get more than one)."""
+    log_path = log_dir / f"{name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            ["taskset", "-c", cpus, *argv],
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Service(name, popen, log_path)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def added(row: dict[str, Any], direct: dict[str, Any]) -> dict[str, float]:
@@ -257,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     load_before = report.load_average()
     work_dir = Path(tempfile.mkdtemp(prefix="spillgate-bench-"))
     bench = Bench(args.seconds, client_cpu, server_cpu, wrk, work_dir, retries=args.retries, access_log=args.access_log)
+    bench.workers = args.workers
     bench.retry_until = time.monotonic() + RETRY_BUDGET_FIGURES * (args.seconds + 2 * WARMUP_S)
     rows, failed = measure_all(bench, args.skip_router)
     settings = {
@@ -267,9 +313,15 @@ def run(args: argparse.Namespace) -> int:
         "client_cpu": client_cpu,
         "paced_rate": PACED_RATE,
         "router_version": router_env.ROUTER_VERSION,
+        "workers": args.workers,
+        "spillgate_cpus": bench.gateway_cpus,
     }
     loads = {"before": load_before, "after": report.load_average()}
     print(report.render(machine, loads, settings, rows))
+    if args.workers > 1:
+        print(
+            f"\nspillgate ran {args.workers} worker processes on cores {bench.gateway_cpus} (shared with the clients)"
+        )
     if failed:
         print(f"\nlogs kept in {work_dir}")
     else:
@@ -293,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when spillgate misses a goal")
     parser.add_argument(
         "--retries", type=int, default=1, help="re-measure a figure this often when other work took the cores"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="spillgate serve --workers N; more than one may use the clients' core too (default 1)",
     )
     parser.add_argument("--server-cpu", type=int, default=None, help="core for the relay (default: first allowed)")
     parser.add_argument("--client-cpu", type=int, default=None, help="core for stub and clients (default: next)")
