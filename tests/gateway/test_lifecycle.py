@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_over_one_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, gateway_over_one_replica, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 
 HEADERS = {"authorization": f"Bearer {TENANT_KEY}"}
@@ -131,3 +132,27 @@ def test_a_stream_still_open_at_the_deadline_ends_with_an_error_event(
     gateway.popen.wait(timeout=60)
     assert gateway.popen.returncode == 0
     assert [outcome for outcome, _ in ledger(tmp_path / "data")] == ["shutting_down"] * 2
+
+
+def test_health_is_degraded_while_a_route_has_no_healthy_backend(tmp_path: Path) -> None:
+    """Liveness stays 200 (a restart would not bring a replica back); the report says which routes cannot serve."""
+    replica = start_replica(tmp_path, *SLOW)
+    try:
+        config = gateway_config([replica.url], state={"data_dir": str(tmp_path / "data")})
+        gateway = start_gateway(config, tmp_path, ready_path="/ready")
+        try:
+            healthy = httpx.get(gateway.url + "/health").json()
+            assert healthy["status"] == "ok" and "routes_without_healthy_backend" not in healthy
+            replica.stop()
+            deadline = time.monotonic() + 30
+            while (answer := httpx.get(gateway.url + "/health")).json()["status"] == "ok":
+                assert time.monotonic() < deadline, "the replica never left rotation"
+                time.sleep(0.1)
+            assert answer.status_code == 200
+            assert answer.json()["status"] == "degraded"
+            assert answer.json()["routes_without_healthy_backend"] == ["chat", "chat-rr"]
+            assert httpx.get(gateway.url + "/ready").status_code == 503
+        finally:
+            gateway.stop()
+    finally:
+        replica.stop()
