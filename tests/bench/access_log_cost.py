@@ -100,10 +100,11 @@ def count_instructions(mode: str, stub_port: int, work_dir: Path, requests: int)
             asyncio.run(_send(port, 40, stream=kind == "stream"))  # warm-up, not counted
             subprocess.run(["callgrind_control", "--zero", str(gateway.pid)], check=True, capture_output=True)
             asyncio.run(_send(port, requests, stream=kind == "stream"))
-            for dump in out.parent.glob(f"{out.name}.{gateway.pid}.*"):
-                dump.unlink()
             subprocess.run(["callgrind_control", "--dump", str(gateway.pid)], check=True, capture_output=True)
-            threads = _thread_totals(out.parent.glob(f"{out.name}.{gateway.pid}.*"))
+            dumps = list(out.parent.glob(f"{out.name}.{gateway.pid}.*"))
+            threads = _thread_totals(dumps)
+            for dump in dumps:
+                dump.rename(dump.with_name(f"{kind}-{dump.name}"))
             row[f"{kind}_loop_per_request"] = threads[0] / requests
             row[f"{kind}_others_per_request"] = sum(threads[1:]) / requests
         return row
@@ -150,7 +151,10 @@ def run_instructions(args: argparse.Namespace) -> int:
             print(mode, "  ".join(f"{key} {value:,.0f}" for key, value in rows[mode].items()), flush=True)
     finally:
         stub.stop()
-    shutil.rmtree(work_dir, ignore_errors=True)
+    if args.keep:
+        print(f"callgrind's dumps kept in {work_dir} (callgrind_annotate FILE)")
+    else:
+        shutil.rmtree(work_dir, ignore_errors=True)
     print(f"\ninstructions per request, {args.requests} requests 8 at a time, under callgrind:")
     print("| access log | request (loop thread) | other threads | stream (loop thread) | other threads |")
     print("| --- | --- | --- | --- | --- |")
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--access-log", choices=["json", "logfmt"], default="json", help="the format compared")
     parser.add_argument("--meter", choices=["cpu", "instructions"], default="cpu", help="what is counted (default cpu)")
     parser.add_argument("--requests", type=int, default=400, help="--meter instructions: requests counted per kind")
+    parser.add_argument("--keep", action="store_true", help="--meter instructions: keep callgrind's dumps")
     return run_script("access_log_cost", run, parser.parse_args(argv))
 
 
