@@ -75,6 +75,9 @@ class _RecorderHandler(BaseHTTPRequestHandler):
             return
         self.server.requests.append({name.lower(): value for name, value in self.headers.items()})
         request = json.loads(body)
+        if self.path == "/v1/messages":
+            self._answer_messages(request)
+            return
         usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
         if not request.get("stream"):
             choice = {"index": 0, "message": {"role": "assistant", "content": "hi!"}, "finish_reason": "stop"}
@@ -87,6 +90,29 @@ class _RecorderHandler(BaseHTTPRequestHandler):
         last = {"id": "c1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
         events = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(last)}\n\ndata: [DONE]\n\n"
         self._answer(200, "text/event-stream", events.encode())
+
+    def _answer_messages(self, request: dict[str, Any]) -> None:
+        """Anthropic's Messages API, as litellm calls it for an ``anthropic/`` model."""
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": request["model"]}
+        if not request.get("stream"):
+            content = [{"type": "text", "text": "hi!"}]
+            usage = {"input_tokens": 3, "output_tokens": 2}
+            whole = {**message, "content": content, "stop_reason": "end_turn", "stop_sequence": None, "usage": usage}
+            self._answer(200, "application/json", whole)
+            return
+        events = [
+            (
+                "message_start",
+                {"message": {**message, "content": [], "usage": {"input_tokens": 3, "output_tokens": 0}}},
+            ),
+            ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "hi!"}}),
+            ("content_block_stop", {"index": 0}),
+            ("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+            ("message_stop", {}),
+        ]
+        text = "".join(f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n" for kind, data in events)
+        self._answer(200, "text/event-stream", text.encode())
 
     def _answer(self, status: int, media_type: str, body: object) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -121,8 +147,20 @@ def serve(recorder: Recorder, tmp_path: Path, env: dict[str, str]) -> RunningPro
             "output_per_mtok": 2,
         }
     ]
+    config["hosted_models"].append(
+        {
+            "name": "claude",
+            "model": "anthropic/claude-sim",
+            "api_base": recorder.url,
+            "api_key": PROVIDER_KEY,
+            "input_per_mtok": 1,
+            "output_per_mtok": 2,
+        }
+    )
     config["routes"].append({"name": "hosted", "targets": ["provider"]})
+    config["routes"].append({"name": "anthropic", "targets": ["claude"]})
     config["state"] = {"data_dir": str(tmp_path / "data")}
+    config["health"]["generation_check_s"] = 0  # the recorder keeps only the requests the tests send
     port = free_port()
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -140,25 +178,28 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
 TRACING_OFF = {"OTEL_TRACES_EXPORTER": "", "OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""}
 
 
-@pytest.mark.parametrize(("model", "stream"), [("chat", False), ("chat", True), ("hosted", False), ("hosted", True)])
+@pytest.mark.parametrize("model", ["chat", "hosted", "anthropic"])
 def test_with_tracing_off_the_clients_traceparent_reaches_the_backend_unchanged(
-    recorder: Recorder, tmp_path: Path, model: str, stream: bool
+    recorder: Recorder, tmp_path: Path, model: str
 ) -> None:
+    """To a replica, to an OpenAI-compatible provider and, through litellm, to Anthropic's API; whole and streamed."""
     gateway = serve(recorder, tmp_path, TRACING_OFF)
     try:
-        body = {"model": model, "messages": HELLO, "max_tokens": 2, "stream": stream}
-        headers = {**AUTH, "traceparent": TRACEPARENT, "tracestate": TRACESTATE}
-        assert httpx.post(gateway.url + CHAT, json=body, headers=headers, timeout=30).status_code == 200
-        assert httpx.post(gateway.url + CHAT, json=body, headers=AUTH, timeout=30).status_code == 200
-        bad = {**AUTH, "traceparent": f"00-{'0' * 32}-{CLIENT_SPAN}-01", "tracestate": TRACESTATE}
-        assert httpx.post(gateway.url + CHAT, json=body, headers=bad, timeout=30).status_code == 200
+        for stream in (False, True):
+            body = {"model": model, "messages": HELLO, "max_tokens": 2, "stream": stream}
+            headers = {**AUTH, "traceparent": TRACEPARENT, "tracestate": TRACESTATE}
+            assert httpx.post(gateway.url + CHAT, json=body, headers=headers, timeout=30).status_code == 200
+            assert httpx.post(gateway.url + CHAT, json=body, headers=AUTH, timeout=30).status_code == 200
+            bad = {**AUTH, "traceparent": f"00-{'0' * 32}-{CLIENT_SPAN}-01", "tracestate": TRACESTATE}
+            assert httpx.post(gateway.url + CHAT, json=body, headers=bad, timeout=30).status_code == 200
     finally:
         gateway.stop()
-    traced, untraced, malformed = recorder.requests
-    assert traced["traceparent"] == TRACEPARENT
-    assert traced["tracestate"] == TRACESTATE
-    assert "traceparent" not in untraced
-    assert "traceparent" not in malformed and "tracestate" not in malformed, "a malformed traceparent is dropped"
+    assert len(recorder.requests) == 6
+    for traced, untraced, malformed in (recorder.requests[:3], recorder.requests[3:]):
+        assert traced["traceparent"] == TRACEPARENT
+        assert traced["tracestate"] == TRACESTATE
+        assert "traceparent" not in untraced
+        assert "traceparent" not in malformed and "tracestate" not in malformed, "a malformed traceparent is dropped"
 
 
 def test_with_tracing_on_spans_go_out_over_otlp_and_the_backend_is_told_the_upstream_span(
