@@ -142,19 +142,7 @@ class PrivateRedis:
         port = free_port()
         self._dir = tempfile.mkdtemp(prefix="spillgate-redis-")
         self._proc = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self._dir,
-            ],
+            redis_server_argv(binary, port, self._dir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -192,3 +180,8 @@ def _pings(port: int) -> bool:
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
         return False
+
+
+def redis_server_argv(binary: str, port: int, work_dir: str) -> list[str]:
+    """A ``redis-server`` on 127.0.0.1 that writes nothing to disk: what it holds is rebuilt from the ledgers."""
+    return [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", work_dir]

@@ -160,7 +160,7 @@ def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dic
     argv = targets.gateway_argv(bench.work_dir / "spillgate.yaml", stub_port, port, bench.access_log)
     if bench.workers > 1:
         argv += ["--workers", str(bench.workers)]
-    gateway = start_on_cores("spillgate", argv, bench.gateway_cpus, bench.work_dir)
+    gateway = start_pinned("spillgate", argv, cpu=bench.gateway_cpus, log_dir=bench.work_dir)
     started.append(gateway)
     try:
         ready = f"http://127.0.0.1:{port}/ready"
@@ -197,23 +197,6 @@ def measure_router(bench: Bench, stub_port: int, started: list[Service]) -> dict
         router.stop()
     row["command"] = " ".join(["taskset", "-c", str(bench.server_cpu), *argv])
     return row
-
-
-def start_on_cores(name: str, argv: list[str], cpus: str, log_dir: Path) -> Service:
-    """:func:`start_pinned` on a ``taskset -c`` list of cores (several gateway workers get more than one)."""
-    log_path = log_dir / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            ["taskset", "-c", cpus, *argv],
-            cwd=REPO_ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    return Service(name, popen, log_path)
 
 
 def _children(pid: int) -> list[int]:

@@ -64,8 +64,9 @@ class Service:
             self.popen.wait(timeout=timeout)
 
 
-def start_pinned(name: str, argv: Sequence[str], *, cpu: int, log_dir: Path) -> Service:
-    """Run ``argv`` under ``taskset -c cpu`` (which execs it, so the PID is the server's) from the repo root."""
+def start_pinned(name: str, argv: Sequence[str], *, cpu: int | str, log_dir: Path) -> Service:
+    """Run ``argv`` under ``taskset -c cpu`` (which execs it, so the PID is the server's) from the repo root;
+    ``cpu`` a core, or a ``taskset`` list of them (``"0,1"``)."""
     log_path = log_dir / f"{name}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from spillgate.gateway.supervisor import redis_server_argv
 from tests.support.procs import free_port
 
 
@@ -27,19 +28,7 @@ def redis_url(work_dir: Path, *, port: int | None = None) -> Iterator[str]:
         raise RuntimeError("redis-server is not installed and REDIS_URL is not set (make test installs it)")
     port = port or free_port()
     proc = subprocess.Popen(
-        [
-            binary,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work_dir),
-        ],
+        redis_server_argv(binary, port, str(work_dir)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
