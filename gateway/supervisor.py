@@ -121,14 +121,18 @@ def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
 
 
 class PrivateRedis:
-    """A ``redis-server`` of the gateway's own on a free 127.0.0.1 port, without persistence, stopped by PID.
+    """A ``redis-server`` of the gateway's own, without persistence, stopped by PID.
 
-    Its budgets and rate limits start empty at every start; each gateway process puts back what its ledger holds
-    (the epoch rejoin of ``gateway.accounting.rebuild``), as after any Redis that comes back empty."""
+    It listens on no TCP port, only on a unix socket inside a directory of its own (mode 0700): the workers'
+    shared state (budgets, config versions with their admin key digests) must not be writable by any other local
+    user, and the directory's mode is what keeps them out, without a password to hand around. Its budgets and rate
+    limits start empty at every start; each gateway process puts back what its ledger holds (the epoch rejoin of
+    ``gateway.accounting.rebuild``), as after any Redis that comes back empty."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
+        self.socket_path = ""
         self.url = ""
 
     @staticmethod
@@ -136,24 +140,25 @@ class PrivateRedis:
         return shutil.which("redis-server") is not None
 
     def start(self, timeout_s: float = 10.0) -> str:
+        """Start it and return its ``unix://`` URL once it answers."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed")
-        port = free_port()
-        self._dir = tempfile.mkdtemp(prefix="spillgate-redis-")
+        self._dir = _private_dir()
+        self.socket_path = os.path.join(self._dir, "redis.sock")
         self._proc = subprocess.Popen(
-            redis_server_argv(binary, port, self._dir),
+            private_redis_argv(binary, self.socket_path, self._dir),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
-        self.url = f"redis://127.0.0.1:{port}/0"
+        self.url = f"unix://{self.socket_path}"
         deadline = time.monotonic() + timeout_s
-        while not _pings(port):
+        while not _pings(self.socket_path):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the private redis-server on port {port} did not start")
+                raise RuntimeError(f"the private redis-server on {self.url} did not start")
             time.sleep(0.05)
         return self.url
 
@@ -172,10 +177,27 @@ class PrivateRedis:
             self._dir = None
 
 
-def _pings(port: int) -> bool:
-    """Whether a Redis answers PING on ``port`` (RESP by hand: no client library in the parent process)."""
+_MAX_SOCKET_PATH = 100
+"""A unix socket's path must fit ``sun_path`` (108 bytes on Linux, 104 on macOS), with room to spare."""
+
+
+def _private_dir() -> str:
+    """A new directory only this user can enter (``mkdtemp`` makes it 0700), short enough for a socket path: in
+    ``$TMPDIR``, else ``/tmp`` when that is too deep."""
+    work_dir = tempfile.mkdtemp(prefix="spillgate-redis-")
+    if len(os.path.join(work_dir, "redis.sock")) > _MAX_SOCKET_PATH:
+        os.rmdir(work_dir)
+        work_dir = tempfile.mkdtemp(prefix="spillgate-redis-", dir="/tmp")
+    os.chmod(work_dir, 0o700)  # whatever the umask: the mode is the private Redis's only lock
+    return work_dir
+
+
+def _pings(socket_path: str) -> bool:
+    """Whether a Redis answers PING on ``socket_path`` (RESP by hand: no client library in the parent process)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(0.5)
+            conn.connect(socket_path)
             conn.sendall(b"PING\r\n")
             return conn.recv(16).startswith(b"+PONG")
     except OSError:
@@ -183,5 +205,12 @@ def _pings(port: int) -> bool:
 
 
 def redis_server_argv(binary: str, port: int, work_dir: str) -> list[str]:
-    """A ``redis-server`` on 127.0.0.1 that writes nothing to disk: what it holds is rebuilt from the ledgers."""
+    """A ``redis-server`` on 127.0.0.1 that writes nothing to disk: what it holds is rebuilt from the ledgers.
+    Without a password: for tests, and as the base of :func:`private_redis_argv`, which takes TCP away."""
     return [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", work_dir]
+
+
+def private_redis_argv(binary: str, socket_path: str, work_dir: str) -> list[str]:
+    """The gateway's own ``redis-server``: no TCP port (``--port 0``), only a unix socket that only its owner may
+    open, in a directory only its owner may enter."""
+    return [*redis_server_argv(binary, 0, work_dir), "--unixsocket", socket_path, "--unixsocketperm", "700"]

@@ -49,7 +49,8 @@ class WorkerSpec:
     replica_urls: dict[str, list[str]] = field(default_factory=dict)
     hosted_urls: dict[str, str] = field(default_factory=dict)
     redis_url: str | None = None
-    """The parent's private Redis; None when the config names one (the worker reads it from the config)."""
+    """The parent's private Redis (``unix://``: it has no TCP port); None when the config names one (the worker
+    reads it from the config)."""
 
     def to_arg(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
