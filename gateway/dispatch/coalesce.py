@@ -53,6 +53,10 @@ HOLD_BATCH_FRACTION = 8
 """By default prompts are held once an eighth of a prefill batch waits unscheduled at their replica."""
 MIN_HELD_TOKENS = 512
 """A prompt with fewer new tokens is never held: it adds little to a batch, and a hit should not queue."""
+WARM_SHARE = 0.25
+"""A prompt whose replica holds at least this share of its prefix blocks is never held: held, it waits while other
+prompts' prefills push its prefix out of the replica's cache (the same share the affinity scorer starts to
+prefer a replica at)."""
 REMOTE_LEAD_TTL_S = 10.0
 """How long another process's prefill is waited for without word that it started (that process may be gone): as
 long as a request is ever held at the gateway (``gateway.serving.forwarding``), as for a prefill of this process.
@@ -131,7 +135,8 @@ class PrefillsInFlight:
         ``hashes[cached_blocks:]``; ``batch_tokens`` is the replica's prefill batch budget (0: the default).
         A block that an earlier request is computing stays that request's: it finishes first.
 
-        With ``hold_beyond`` set, a prompt of at least :data:`MIN_HELD_TOKENS` new tokens is held while
+        With ``hold_beyond`` set, a prompt of at least :data:`MIN_HELD_TOKENS` new tokens, of whose blocks the replica
+        holds under :data:`WARM_SHARE`, is held while
         ``hold_beyond`` tokens or more wait unscheduled there, or while earlier prompts are held: its
         :attr:`Lead.released` is done when it may go. SGLang puts every waiting request into the next prefill
         batch, up to ``chunked_prefill_size`` tokens, and none of them sees its first token before the whole
@@ -146,7 +151,13 @@ class PrefillsInFlight:
         self._overlap[replica] = overlap
         self._claim_blocks(lead)
         held = self._held.get(replica)
-        if hold_beyond and tokens >= MIN_HELD_TOKENS and (held or self._waiting.get(replica, 0) >= hold_beyond):
+        warm = bool(hashes) and cached_blocks >= WARM_SHARE * len(hashes)
+        if (
+            hold_beyond
+            and tokens >= MIN_HELD_TOKENS
+            and not warm
+            and (held or self._waiting.get(replica, 0) >= hold_beyond)
+        ):
             lead.released = loop.create_future()
             self._hold_limits[replica] = hold_beyond
             self._held.setdefault(replica, deque()).append(lead)

@@ -98,6 +98,17 @@ async def test_prompts_wait_at_the_gateway_while_their_replica_has_enough_waitin
     assert prefills.held("r0") == (0, 0)
 
 
+async def test_a_prompt_whose_replica_holds_a_quarter_of_its_prefix_is_never_held() -> None:
+    """Held, a warm prompt would wait while cold prompts' prefills push its prefix out of the cache."""
+    prefills = PrefillsInFlight()
+    prefills.sent("r0", (1,), 0, tokens=6000, hold_beyond=1)
+    prefills.sent("r0", (2,), 0, tokens=3000, hold_beyond=1)
+    cold = prefills.sent("r0", (3, 4, 5, 6, 7), cached_blocks=1, tokens=3000, hold_beyond=1)
+    warm = prefills.sent("r0", (8, 9, 10, 11), cached_blocks=1, tokens=3000, hold_beyond=1)
+    assert cold.released is not None and not cold.released.done(), "1 block of 5 held there: it waits"
+    assert warm.released is None, "1 block of 4 held there: it goes at once, ahead of held cold prompts"
+
+
 async def test_a_held_prompt_whose_client_leaves_frees_its_place_and_its_waiters() -> None:
     prefills = PrefillsInFlight()
     prefills.sent("r0", (1,), 0, tokens=6000, hold_beyond=1)
