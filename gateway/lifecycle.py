@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -23,12 +22,11 @@ log = logging.getLogger("spillgate.gateway")
 
 
 class GatewayServer(uvicorn.Server):
-    """``drain_s`` is read when the stop comes (a live config edit may change it); ``ready_fd``, when given, is
-    written one byte and closed once the server serves (a supervising parent waits on it)."""
+    """``drain_s`` is the config's ``timeouts.drain_s`` at start (timeouts change only with a restart);
+    ``ready_fd``, when given, is written one byte and closed once the server serves (a supervising parent waits
+    on it)."""
 
-    def __init__(
-        self, config: uvicorn.Config, drain: Drain, drain_s: Callable[[], float], ready_fd: int | None = None
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, drain_s: float, ready_fd: int | None = None) -> None:
         super().__init__(config)
         self._drain = drain
         self._drain_s = drain_s
@@ -61,6 +59,6 @@ class GatewayServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await self._drain.run(self._drain_s())
+            await self._drain.run(self._drain_s)
         finally:
             self.should_exit = True

@@ -236,7 +236,7 @@ def _serve(args: argparse.Namespace, state: GatewayState, listener: socket.socke
             timeout_keep_alive=config.timeouts.keep_alive_s,
         ),
         app.drain,
-        lambda: state.config.timeouts.drain_s,
+        config.timeouts.drain_s,
         ready_fd=ready_fd,
     )
     with contextlib.suppress(KeyboardInterrupt, SystemExit):

@@ -35,7 +35,7 @@ _CUT_GRACE_S = 2.0
 class Drain:
     """The completions in flight, by task, and whether the process is draining. One per process."""
 
-    __slots__ = ("_cut", "_idle", "_requests", "deadline", "draining")
+    __slots__ = ("_cut", "_hurried", "_idle", "_requests", "deadline", "draining")
 
     def __init__(self) -> None:
         self.draining = False
@@ -44,6 +44,8 @@ class Drain:
         self._requests: dict[asyncio.Task[object], Attempt] = {}
         self._cut: set[asyncio.Task[object]] = set()
         self._idle = asyncio.Event()
+        self._hurried = asyncio.Event()
+        """Set by :meth:`hurry`: :meth:`run` stops waiting for the deadline."""
 
     @property
     def in_flight(self) -> int:
@@ -72,7 +74,7 @@ class Drain:
                 self._idle.set()
             log.warning("draining: %d completion(s) in flight get %g s to finish", len(self._requests), drain_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), max(0.0, self.deadline - time.monotonic()))
+            await asyncio.wait_for(self._idle_or_hurried(), max(0.0, self.deadline - time.monotonic()))
         if self._requests:
             log.warning("drain deadline: cutting %d completion(s) still in flight", len(self._requests))
             self.cut_all()
@@ -80,9 +82,19 @@ class Drain:
                 await asyncio.wait_for(self._idle.wait(), _CUT_GRACE_S)
 
     def hurry(self) -> None:
-        """A second stop signal: the deadline is now."""
+        """A second stop signal: the deadline is now. :meth:`run` is woken too: a request cut while stuck writing
+        to a client that stopped reading never leaves, and must not hold the process until the old deadline."""
         self.deadline = time.monotonic()
         self.cut_all()
+        self._hurried.set()
+
+    async def _idle_or_hurried(self) -> None:
+        waits = {asyncio.ensure_future(self._idle.wait()), asyncio.ensure_future(self._hurried.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     def cut_all(self) -> None:
         for task, attempt in list(self._requests.items()):
