@@ -3,7 +3,6 @@ added or drained; every backend with where it came from. Admin keys only."""
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from spillgate.gateway.control.catalog import discovered_name
-from spillgate.gateway.control.config import ConfigError
+from spillgate.gateway.control.config import ConfigError, check_replica_url
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.replica_edits import ReplicaEditRefused, add_replica, remove_replica
 from spillgate.gateway.errors import ApiError, error_body
@@ -116,20 +115,14 @@ def admin_router(state: GatewayState) -> APIRouter:
     return router
 
 
-_REPLICA_URL = re.compile(r"^https?://[^/?#@\s]+/?$")
-
-
 def _replica_url(url: object) -> str:
+    """The URL checked as the config's ``replicas`` field checks it, refused here in the admin API's format."""
     if not isinstance(url, str) or not url:
         raise ApiError(422, "Give the replica's 'url' (http://host:port).", param="url", code="invalid_replica_url")
-    if not _REPLICA_URL.match(url):
-        raise ApiError(
-            422,
-            f"{url!r} is not a replica URL: http(s)://host:port, without path, query or user.",
-            param="url",
-            code="invalid_replica_url",
-        )
-    return url
+    try:
+        return check_replica_url(url)
+    except ValueError as exc:
+        raise ApiError(422, f"{exc}.", param="url", code="invalid_replica_url") from None
 
 
 def _json_body(body: bytes) -> dict[str, Any]:

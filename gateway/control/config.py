@@ -7,6 +7,7 @@ from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -38,6 +39,32 @@ def _check_key_spec(spec: str) -> str:
     return spec
 
 
+def check_replica_url(url: str) -> str:
+    """A replica's base URL, ``http(s)://host[:port]`` (one trailing ``/`` at most), parsed as the gateway will
+    parse it when it sends there, so nothing accepted here can fail later; ``ValueError`` saying why not."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{url!r} is not a replica URL: it contains whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsing it raises on a port that is not a number or out of range)
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a replica URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} is not a replica URL: the scheme must be http or https")
+    if "@" in parts.netloc:
+        raise ValueError(f"{url!r} is not a replica URL: no user or password")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} is not a replica URL: it names no host")
+    port = parts.netloc.rpartition("]")[2].partition(":")
+    if port[1] and not (port[2].isascii() and port[2].isdigit() and 1 <= int(port[2]) <= 65535):
+        raise ValueError(f"{url!r} is not a replica URL: the port must be a number from 1 to 65535")
+    if parts.path not in ("", "/") or "?" in url or "#" in url:
+        raise ValueError(f"{url!r} is not a replica URL: no path, query or fragment (http(s)://host:port)")
+    return url
+
+
+ReplicaUrl = Annotated[str, AfterValidator(check_replica_url)]
+"""``http(s)://host[:port]``: see :func:`check_replica_url`."""
 KeySpec = Annotated[str, AfterValidator(_check_key_spec)]
 """An API key as ``sha256:<64 hex digits>``, ``os.environ/NAME``, or the literal key."""
 
@@ -249,7 +276,7 @@ class PoolConfig(Strict):
     engine: EngineName = Field(
         default="sglang", description="sglang, vllm, openai (any compatible server), or another registered engine"
     )
-    replicas: list[Annotated[str, Field(pattern=r"^https?://[^/?#@\s]+/?$")]] = Field(
+    replicas: list[ReplicaUrl] = Field(
         default_factory=list, description="each http(s)://host:port, no path, query or user"
     )
     api_key: str | None = Field(default=None, description="the replicas' --api-key: literal, or os.environ/NAME")

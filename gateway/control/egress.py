@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from spillgate.gateway.control.secrets import ENV_PREFIX
 
@@ -18,7 +18,10 @@ from spillgate.gateway.control.secrets import ENV_PREFIX
 def host_allowed(url: str, patterns: Iterable[str]) -> bool:
     """``url``'s host is one of ``patterns``: a host name, ``*.domain`` (any host under it), or an address or
     network (``10.0.0.0/8``, ``127.0.0.1``)."""
-    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    parts = _split(url)
+    host = (parts.hostname or "").lower().rstrip(".") if parts is not None else ""
+    if not host:
+        return False
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -65,7 +68,9 @@ def env_problems(raw: Any, allowed: Iterable[str]) -> list[tuple[str, str]]:
 
 def origin(url: str) -> str:
     """``scheme://host:port`` of ``url``, with the scheme's default port made explicit: where a request goes."""
-    parts = urlsplit(url)
+    parts = _split(url)
+    if parts is None:
+        return f"(not a URL: {url!r})"
     scheme = (parts.scheme or "http").lower()
     host = (parts.hostname or "").lower().rstrip(".")
     if ":" in host:
@@ -75,6 +80,15 @@ def origin(url: str) -> str:
     except ValueError:
         port = 0
     return f"{scheme}://{host}:{port}"
+
+
+def _split(url: str) -> SplitResult | None:
+    """``url`` split, or ``None`` when it does not parse (a bracketed host that is not an address, an unclosed
+    bracket): the edit checks run over a raw config before the schema's verdict, and must not raise on it."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return None
 
 
 def upstream_urls(raw: Any) -> Iterator[tuple[str, str]]:
@@ -93,14 +107,19 @@ def upstream_urls(raw: Any) -> Iterator[tuple[str, str]]:
 
 def startup_hosts(raw: Any) -> list[str]:
     """The hosts the config at start sends requests to: ``secrets.upstream_hosts`` when it does not say."""
-    return sorted({(urlsplit(url).hostname or "").lower().rstrip(".") for _, url in upstream_urls(raw)} - {""})
+    split = [_split(url) for _, url in upstream_urls(raw)]
+    return sorted({(parts.hostname or "").lower().rstrip(".") for parts in split if parts is not None} - {""})
 
 
 def url_problems(raw: Any, hosts: Iterable[str], *, default: bool) -> list[tuple[str, str]]:
     """The replica URLs and ``api_base``s in ``raw`` whose host is not one of ``hosts``."""
     hosts = list(hosts)
     where = "secrets.upstream_hosts" + (" (by default the hosts of the config at start)" if default else "")
-    return [(path, f"{url} is not in {where}") for path, url in upstream_urls(raw) if not host_allowed(url, hosts)]
+    return [
+        (path, f"{url} is not in {where}")
+        for path, url in upstream_urls(raw)
+        if _split(url) is not None and not host_allowed(url, hosts)  # one that does not parse: the schema says so
+    ]
 
 
 def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> Iterator[tuple[str, str, str]]:

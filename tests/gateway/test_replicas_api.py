@@ -158,6 +158,31 @@ def test_what_the_api_cannot_take_is_refused_in_its_error_format(
     assert len(versions) == 1, "nothing refused became a version"
 
 
+def test_a_replica_url_that_does_not_parse_is_refused_through_the_api_and_the_file(
+    gateway: tuple[RunningProcess, KubeApiServer], replicas: list[RunningProcess], tmp_path: Path
+) -> None:
+    proc, _ = gateway
+    for url in ("http://[::1", "http://127.0.0.1:abc", "http://127.0.0.1:99999", "http://127.0.0.1:0"):
+        error(add(proc, "static", url), 422, "invalid_replica_url")
+        error(remove(proc, "static", url), 422, "invalid_replica_url")
+    # The same URL in the config file is a file refused, by field; the file watch goes on and applies the next.
+    path = tmp_path / "spillgate.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["pools"][0]["replicas"].append("http://[::1")
+    path.write_text(yaml.safe_dump(raw))
+
+    def file_status() -> dict[str, Any]:
+        return httpx.get(proc.url + "/admin/config", headers=ADMIN).json()["file"]
+
+    eventually(lambda: file_status()["not_applied"] is not None)
+    problems = file_status()["not_applied"]["problems"]
+    assert [p["path"] for p in problems] == ["pools.0.replicas.1"], problems
+    raw["pools"][0]["replicas"][1] = replicas[2].url
+    path.write_text(yaml.safe_dump(raw))
+    eventually(lambda: file_status()["in_sync"])
+    assert {ask(proc, "static") for _ in range(4)} == {"static-0", "static-1"}
+
+
 def keyed_pool(replica: RunningProcess) -> list[dict[str, Any]]:
     return [
         {

@@ -133,9 +133,10 @@ def test_upstream_hosts_bound_pools_and_hosted_models(replica: RunningProcess, t
         proc.stop()
 
 
-def test_a_replica_url_with_a_path_query_or_user_is_refused(gateway: RunningProcess) -> None:
+def test_a_replica_url_with_a_path_query_user_or_bad_port_is_refused(gateway: RunningProcess) -> None:
     shown = current(gateway)["config"]
-    for url in ("http://127.0.0.1:1/v1?x=", "http://user@127.0.0.1:1", "http://127.0.0.1:1/prefix"):
+    unparsable = ("http://[::1", "http://127.0.0.1:abc", "http://127.0.0.1:99999", "http://127.0.0.1:0")
+    for url in ("http://127.0.0.1:1/v1?x=", "http://user@127.0.0.1:1", "http://127.0.0.1:1/prefix", *unparsable):
         edit = copy.deepcopy(shown)
         edit["pools"][0]["replicas"] = [url]
         edit["pools"][0]["api_key"] = "sk-new"

@@ -141,3 +141,33 @@ def test_route_affinity_settings_reach_the_cache_aware_guard() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({**MINIMAL, "routes": [{**route, "affinity": {"max_slowdown": 0.5}}]})
     assert info.value.problems[0][0] == "routes.0.affinity.max_slowdown"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1",
+        "http://127.0.0.1:abc",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:0",
+        "http://127.0.0.1:",
+        "ftp://127.0.0.1:1",
+        "http://:80",
+        "http://127.0.0.1:1/v1",
+        "http://127.0.0.1:1/?",
+        "http://u:p@127.0.0.1:1",
+        "http://127.0.0.1:1#x",
+    ],
+)
+@pytest.mark.parametrize("upstream_hosts", [None, ["127.0.0.1"]])
+def test_a_replica_url_that_does_not_parse_names_its_field(url: str, upstream_hosts: list[str] | None) -> None:
+    raw = {**MINIMAL, "pools": [{"name": "p", "served_model": "m", "replicas": ["http://127.0.0.1:1", url]}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw | {"secrets": {"upstream_hosts": upstream_hosts}}, source="cfg.yaml")
+    assert [path for path, _ in info.value.problems] == ["pools.0.replicas.1"], info.value.problems
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:30000", "https://[fd00::1]:8443/", "http://llama.internal"])
+def test_a_replica_url_with_a_host_and_port_is_taken(url: str) -> None:
+    raw = {**MINIMAL, "pools": [{"name": "p", "served_model": "m", "replicas": [url]}]}
+    assert parse_config(raw).pools[0].replicas == [url]
