@@ -151,12 +151,16 @@ def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> I
 
 def discovery_destination(discovery: object) -> str | None:
     """Where a pool's key goes to replicas it discovers: the pods of one namespace and label selector, as written
-    (a discovered pod's address is whatever the cluster gave it, so the selector is what bounds the key)."""
+    (a discovered pod's address is whatever the cluster gave it, so the selector is what bounds the key), over
+    one scheme to one port (from https to http the key would cross the network in cleartext; another port may be
+    another container of the pod)."""
     if not isinstance(discovery, dict) or not isinstance(discovery.get("kubernetes"), dict):
         return None
     kubernetes = discovery["kubernetes"]
     namespace = kubernetes.get("namespace") or "(the gateway's own namespace)"
-    return f"kubernetes pods in namespace {namespace} matching {kubernetes.get('label_selector')!r}"
+    scheme = kubernetes.get("scheme") or "http"
+    where = f"kubernetes pods in namespace {namespace} matching {kubernetes.get('label_selector')!r}"
+    return f"{where}, {scheme} to port {kubernetes.get('port')!r}"
 
 
 class SecretBindings:

@@ -1,5 +1,6 @@
 """Discovered replicas in the catalog (named by pool and pod, served once, with the pool's settings) and where
-the pool's key may go to them (the namespace and selector it was configured with, nothing an edit moves)."""
+the pool's key may go to them (the namespace, selector, scheme and port it was configured with, nothing an edit
+moves)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,15 @@ def test_the_pool_key_is_bound_to_the_discovery_it_was_configured_with() -> None
     assert bindings.problems(raw(discovery=None)) == []
     other_selector = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"label_selector": "app=mine"}})
     other_namespace = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"namespace": "attacker"}})
-    for moved in (other_selector, other_namespace):
+    cleartext = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"scheme": "http"}})
+    assert bindings.problems(cleartext) == [], "http is the default scheme: written or not, the same place"
+    tls = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"scheme": "https"}})
+    tls_bindings = SecretBindings(tls, ["10.0.0.0/8"], lambda model: None)
+    other_scheme = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"scheme": "http"}})
+    other_port = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"port": "metrics"}})
+    other_number = raw(discovery={"kubernetes": DISCOVERY["kubernetes"] | {"port": 8000}})
+    assert [path for path, _ in tls_bindings.problems(other_scheme)] == ["pools.0.api_key"], "https to cleartext"
+    for moved in (other_selector, other_namespace, other_port, other_number):
         problems = bindings.problems(moved)
         assert [path for path, _ in problems] == ["pools.0.api_key"], problems
         assert "may not be sent to kubernetes pods" in problems[0][1]
