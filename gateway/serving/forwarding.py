@@ -31,6 +31,12 @@ log = logging.getLogger("spillgate.serving")
 _LONGEST_HOLD_S = 10.0
 """The longest a request is held at the gateway, for another's prefill or for room at its replica (or its
 tenant's TTFT target, if shorter)."""
+_DEPARTED = ApiError(
+    503,
+    "The backend chosen left rotation before the request was sent.",
+    code="backend_departed",
+    headers={"retry-after": "1"},
+)
 
 
 class Forwarder:
@@ -95,6 +101,7 @@ class Forwarder:
                 state.metrics.prefill_waits.labels(backend.name).inc()
                 with self._tracing.phase("hold", cause="shared_prefill"), contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(lead), _longest_wait(attempt))
+                _still_in_rotation(backend)
         attempt.first_token_at = 0.0
         attempt.usage = None
         ticket = state.dispatcher.book(
@@ -113,6 +120,7 @@ class Forwarder:
                 state.metrics.prompt_holds.labels(backend.name).inc()
                 with self._tracing.phase("hold", cause="prefill_queue"):
                     await ticket.wait_turn(_longest_wait(attempt))  # booked, but not named until sent
+                _still_in_rotation(backend)
             attempt.backend = backend.name
             if attempt.fingerprint is not None and not backend.hosted:
                 attempt.prefix_source = state.prefix.source(backend.name)
@@ -158,7 +166,18 @@ class Forwarder:
         backoff = jittered_backoff(state.config.outlier.retry_backoff_s, attempt_number)
         if backoff > 0:
             await asyncio.sleep(backoff)
+            if backend.departed:
+                log.info("backend %s left rotation during the retry backoff: not falling back to it", backend.name)
+                return False
         return True
+
+
+def _still_in_rotation(backend: Backend) -> None:
+    """After a wait, before sending: a replica that left the catalog meanwhile gets nothing new (its address may
+    already be another pod's, which must not receive the pool's key); the next candidate may take the request."""
+    if backend.departed:
+        log.info("backend %s left rotation while a request waited for it: trying elsewhere", backend.name)
+        raise TryElsewhere(_DEPARTED, retryable=True)
 
 
 def _longest_wait(attempt: Attempt) -> float:
