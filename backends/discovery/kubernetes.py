@@ -92,7 +92,9 @@ class PodWatcher:
         client_factory: ClientFactory = default_client,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         idle_restart_s: float = 300.0,
+        serve_loopback: bool = False,
     ) -> None:
+        """``serve_loopback``: pods whose IP is loopback serve (a stand-in API server on this machine)."""
         self.pool = pool
         self.source = source
         self._publish = publish
@@ -100,7 +102,7 @@ class PodWatcher:
         self._backoff = backoff_s
         self._idle_restart_s = idle_restart_s
         self._selector = parse_selector(source.label_selector)
-        self._pods = PodSet(PodPort(source.port, source.scheme))
+        self._pods = PodSet(PodPort(source.port, source.scheme), loopback=serve_loopback)
         self._version: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._client: AsyncClient | None = None

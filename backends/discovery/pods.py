@@ -3,15 +3,26 @@
 A pod serves when it is Running, its ``Ready`` condition is ``True``, it has an IP and it is not being deleted
 (a pod with a ``deletionTimestamp`` is terminating: its endpoints are removed too). Anything else (pending,
 unready, terminating, failed, no such port) takes it out of the set, and the gateway drains it.
+
+The IP must be a unicast address another host could reach: not loopback, link-local (the cloud metadata
+service lives there), unspecified or multicast, and not malformed. A pod IP is not the pool's to choose, and
+one of those would send the pool's requests and key to the gateway's own host or its node's services.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from spillgate.backends.discovery import DiscoveredReplica
+
+log = logging.getLogger("spillgate.discovery")
+
+_UNUSABLE_IP = "unusable IP"
+"""How :func:`replica_of` begins the reason for a pod whose IP is refused (logged once per pod)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,9 +33,10 @@ class PodPort:
     scheme: str = "http"
 
 
-def replica_of(pod: Any, where: PodPort) -> tuple[DiscoveredReplica | None, str]:
+def replica_of(pod: Any, where: PodPort, *, loopback: bool = False) -> tuple[DiscoveredReplica | None, str]:
     """The replica ``pod`` is, or ``None`` and why not (for the log). ``pod`` is a Kubernetes Pod as lightkube
-    decodes it (attribute access: ``metadata``, ``spec``, ``status``)."""
+    decodes it (attribute access: ``metadata``, ``spec``, ``status``). ``loopback``: a loopback pod IP serves
+    (a stand-in API server whose pods run on this machine)."""
     metadata = pod.metadata
     name = metadata.name if metadata is not None else None
     if not name:
@@ -39,11 +51,40 @@ def replica_of(pod: Any, where: PodPort) -> tuple[DiscoveredReplica | None, str]
         return None, "not ready"
     if not status.podIP:
         return None, "no IP yet"
+    address, problem = _address(str(status.podIP), loopback)
+    if address is None:
+        return None, f"{_UNUSABLE_IP} {status.podIP!r}: {problem}"
     port = _port_number(pod, where.port)
     if port is None:
         return None, f"no container port named {where.port!r}"
-    host = f"[{status.podIP}]" if ":" in status.podIP else status.podIP
+    host = f"[{address}]" if address.version == 6 else str(address)
     return DiscoveredReplica(pod=name, url=f"{where.scheme}://{host}:{port}"), "ready"
+
+
+def _address(ip: str, loopback: bool) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address | None, str]:
+    """``ip`` as an address a replica may have, or ``None`` and why not."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return None, "not an IP address"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.scope_id is not None:
+            return None, "a scoped address"
+        if address.ipv4_mapped is not None:  # ::ffff:127.0.0.1 reaches 127.0.0.1: judged as that
+            checked: ipaddress.IPv4Address | ipaddress.IPv6Address = address.ipv4_mapped
+        else:
+            checked = address
+    else:
+        checked = address
+    for refused, what in (
+        (checked.is_unspecified, "unspecified"),
+        (checked.is_loopback and not loopback, "loopback"),
+        (checked.is_link_local, "link-local"),
+        (checked.is_multicast, "multicast"),
+    ):
+        if refused:
+            return None, what
+    return address, ""
 
 
 def _ready(conditions: Iterable[Any]) -> bool:
@@ -69,6 +110,8 @@ class PodSet:
     pod. ``changed`` from both says whether the set of replicas moved, so a caller reports only real changes."""
 
     where: PodPort
+    loopback: bool = False
+    """Serve pods whose IP is loopback (see :func:`replica_of`)."""
     pods: dict[str, DiscoveredReplica | None] = field(default_factory=dict)
     """Every pod seen by name: its replica, or ``None`` while it does not serve."""
     why: dict[str, str] = field(default_factory=dict)
@@ -99,10 +142,13 @@ class PodSet:
         return self.replicas() != before
 
     def _put(self, pod: Any) -> None:
-        replica, why = replica_of(pod, self.where)
+        replica, why = replica_of(pod, self.where, loopback=self.loopback)
         name = pod.metadata.name if pod.metadata is not None else None
         if not name:
             return
+        if why.startswith(_UNUSABLE_IP) and self.why.get(name) != why:
+            namespace = pod.metadata.namespace or "?"
+            log.warning("discovery: pod %s/%s is not served: %s", namespace, name, why)
         self.pods[name] = replica
         if replica is None:
             self.why[name] = why

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,10 @@ if TYPE_CHECKING:  # lightkube takes a second to import: only a config that disc
     from spillgate.backends.discovery.kubernetes import ClientFactory, KubernetesSource, PodWatcher
 
 log = logging.getLogger("spillgate.discovery")
+
+LOOPBACK_ENV = "SPILLGATE_DISCOVERY_LOOPBACK_PODS"
+"""Set to ``1`` at start, pods whose IP is loopback serve: only a stand-in API server on the gateway's machine
+(the tests) has them. An environment variable, so no config edit through the admin API can turn it on."""
 
 _FIRST_LIST_S = 5.0
 """How long the gateway waits at start for each pool's first list, so it starts serving the pods already up."""
@@ -39,10 +44,20 @@ def source_of(pool: PoolConfig) -> KubernetesSource | None:
 class Discovery:
     """Watchers by pool, and what each found."""
 
-    def __init__(self, on_change: Callable[[], None], *, client_factory: ClientFactory | None = None) -> None:
-        """``client_factory``: the Kubernetes client each watcher uses (default: in-cluster, else KUBECONFIG)."""
+    def __init__(
+        self,
+        on_change: Callable[[], None],
+        *,
+        client_factory: ClientFactory | None = None,
+        serve_loopback: bool | None = None,
+    ) -> None:
+        """``client_factory``: the Kubernetes client each watcher uses (default: in-cluster, else KUBECONFIG).
+        ``serve_loopback``: pods with a loopback IP serve (default: :data:`LOOPBACK_ENV` says so)."""
         self._on_change = on_change
         self._client_factory = client_factory
+        if serve_loopback is None:
+            serve_loopback = os.environ.get(LOOPBACK_ENV) == "1"
+        self._serve_loopback = serve_loopback
         self._wanted: dict[str, KubernetesSource] = {}
         self._watchers: dict[str, PodWatcher] = {}
         self._found: dict[str, tuple[KubernetesSource, tuple[DiscoveredReplica, ...]]] = {}
@@ -110,7 +125,13 @@ class Discovery:
                 from spillgate.backends.discovery.kubernetes import PodWatcher, default_client
 
                 publish = self._publisher(pool, source)
-                watcher = PodWatcher(pool, source, publish, client_factory=self._client_factory or default_client)
+                watcher = PodWatcher(
+                    pool,
+                    source,
+                    publish,
+                    client_factory=self._client_factory or default_client,
+                    serve_loopback=self._serve_loopback,
+                )
                 self._watchers[pool] = watcher
                 watcher.start()
                 log.warning("discovery for pool %s: following %s", pool, source.describe())

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from spillgate.gateway.control.discovery import LOOPBACK_ENV
 from tests.gateway.test_live_config import ADMIN, ADMIN_KEY, TENANT, current, eventually, put
 from tests.support.gateway import TENANT_KEY, running_replicas
 from tests.support.kube_apiserver import KubeApiServer
@@ -69,7 +70,7 @@ def start(api: KubeApiServer, tmp_path: Path) -> RunningProcess:
         ["serve", "--config", str(path), "--port", str(port)],
         port=port,
         log_dir=tmp_path,
-        env={"KUBECONFIG": str(kubeconfig)},
+        env={"KUBECONFIG": str(kubeconfig), LOOPBACK_ENV: "1"},  # the pods are simulated replicas on 127.0.0.1
     )
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from spillgate.gateway.control.discovery import LOOPBACK_ENV
 from tests.gateway.test_discovery import LABELS, NS, requests_seen
 from tests.gateway.test_live_config import ADMIN, ADMIN_KEY, TENANT, eventually
 from tests.gateway.test_secret_binding import Listener
@@ -94,7 +95,8 @@ def gateway(replicas: list[RunningProcess], tmp_path: Path) -> Iterator[tuple[Ru
                 "discovery": {"kubernetes": {"namespace": NS, "label_selector": "app=sim", "port": "http"}},
             },
         ]
-        proc = serve(tmp_path, pools, env={"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig"))})
+        env = {"KUBECONFIG": str(api.kubeconfig(tmp_path / "kubeconfig")), LOOPBACK_ENV: "1"}
+        proc = serve(tmp_path, pools, env=env)
         yield proc, api
         proc.stop()
     finally:

@@ -63,6 +63,20 @@ def add(api: KubeApiServer, name: str, last_octet: int, **extra: object) -> None
     api.add_pod(name, f"10.0.0.{last_octet}", port=30000, labels=LABELS, namespace="llm", **extra)  # type: ignore[arg-type]
 
 
+async def test_a_pod_at_the_metadata_address_is_not_served(
+    api: KubeApiServer, watched: tuple[PodWatcher, Published]
+) -> None:
+    watcher, published = watched
+    api.add_pod("metadata", "169.254.169.254", port=80, labels=LABELS, namespace="llm")
+    api.add_pod("local", "127.0.0.1", port=30000, labels=LABELS, namespace="llm")
+    add(api, "a", 1)
+    await published.until(lambda pods: pods == ["a"])
+    assert watcher.status()["pods_not_serving"] == {
+        "local": "unusable IP '127.0.0.1': loopback",
+        "metadata": "unusable IP '169.254.169.254': link-local",
+    }
+
+
 async def test_pods_appearing_turning_unready_and_vanishing(
     api: KubeApiServer, watched: tuple[PodWatcher, Published]
 ) -> None:

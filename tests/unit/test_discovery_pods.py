@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -60,6 +61,48 @@ def test_a_running_ready_pod_with_an_ip_is_a_replica() -> None:
 )
 def test_a_pod_that_cannot_serve_is_not_a_replica(changes: dict[str, Any], why: str) -> None:
     assert replica_of(pod(**changes), HTTP) == (None, why)
+
+
+@pytest.mark.parametrize(
+    ("ip", "what"),
+    [
+        ("10.1.2", "not an IP address"),
+        ("10.1.2.3:80", "not an IP address"),
+        ("evil.example", "not an IP address"),
+        ("127.0.0.1", "loopback"),
+        ("127.9.9.9", "loopback"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("fe80::1%eth0", "a scoped address"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+    ],
+)
+def test_a_pod_whose_ip_no_other_host_could_reach_is_not_a_replica(ip: str, what: str) -> None:
+    assert replica_of(pod(ip=ip), HTTP) == (None, f"unusable IP {ip!r}: {what}")
+
+
+def test_a_loopback_pod_serves_only_when_asked() -> None:
+    assert replica_of(pod(ip="127.0.0.1"), HTTP, loopback=True)[0] == DiscoveredReplica(
+        "llama-0", "http://127.0.0.1:30000"
+    )
+    assert replica_of(pod(ip="169.254.169.254"), HTTP, loopback=True)[0] is None, "link-local still refused"
+
+
+def test_a_pod_with_an_unusable_ip_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    pods = PodSet(HTTP)
+    with caplog.at_level(logging.WARNING, logger="spillgate.discovery"):
+        assert not pods.relisted([pod("a", ip="169.254.169.254")])
+        assert not pods.event("MODIFIED", pod("a", ip="169.254.169.254"))
+        assert not pods.event("MODIFIED", pod("a", ip="169.254.169.254"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["discovery: pod llm/a is not served: unusable IP '169.254.169.254': link-local"]
+    assert pods.replicas() == () and pods.why == {"a": "unusable IP '169.254.169.254': link-local"}
+    assert pods.event("MODIFIED", pod("a", ip="10.0.0.1")), "a usable IP later: it serves"
 
 
 def test_a_named_port_is_looked_up_in_the_containers() -> None:
