@@ -6,6 +6,11 @@ refused edit changes nothing. An accepted one becomes a numbered version: record
 the state's catalog (requests already admitted finish under the version they started with), and with Redis
 published so that every process applies it.
 
+With Redis, processes share one line of versions: a change is made on top of the fleet's latest version (adopted
+first when another process published a newer one) and published only if no other version was published since
+(compare-and-set on the fleet's current version). A change that loses that race changes nothing: an edit of one
+part is made again on top of the winner; a whole config is refused with :class:`ConfigConflict`.
+
 The file and the admin API never silently undo each other (:mod:`file_drift`). The running config is the file's
 plus the edits made since it was applied; a new file content that would undo one of those edits is not applied:
 it is logged as an error and shown on ``/health`` until the file takes the edits in, or an admin says the file
@@ -44,6 +49,7 @@ from spillgate.gateway.control.egress import SecretBindings, env_references, sta
 from spillgate.gateway.control.file_drift import drift, shared, undone_by
 from spillgate.gateway.control.history_store import LocalHistory, owner_of, secrets_name
 from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.gateway.control.replica_edits import ReplicaEditRefused
 from spillgate.gateway.control.secret_store import SecretStore
 from spillgate.gateway.control.secrets import MissingSecret
 from spillgate.gateway.tasks import stop_if_cancelled
@@ -77,6 +83,17 @@ end
 return n
 """
 """The fleet's version counter, raised past ``floor`` (the caller's latest) when it is behind."""
+_PUBLISH = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current > tonumber(ARGV[1]) then
+  return current
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[2])
+return 0
+"""
+"""Publish version ``ARGV[2]`` unless a version newer than ``ARGV[1]`` (the one it was made on top of) was published
+since: then nothing is written and the newer one's number returned."""
 _FILE_POLL_S = 1.0
 _REDIS_POLL_S = 0.25
 _SHOWN_PATHS = 8
@@ -91,6 +108,19 @@ class HeldFile:
     """For ``/health``, which needs no key: counts and field paths, no values."""
     detail: dict[str, Any]
     """For the admin API: the edits it would undo, or every problem with its message."""
+
+
+class ConfigConflict(ReplicaEditRefused):
+    """Another gateway process published a version while this change was made on an older one: nothing changed.
+    The admin API answers it as any refused edit (409, ``config_conflict``)."""
+
+
+class _Superseded(Exception):
+    """Publishing lost the race to version ``number`` of another process (already adopted here, if it runs)."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(number)
+        self.number = number
 
 
 class LiveConfig:
@@ -177,7 +207,11 @@ class LiveConfig:
         admin key an API change was made with, which it must keep: an edit that dropped it would lock its author
         out of the admin API, rollback included."""
         async with self._lock:
-            return await self._change(raw, author, keeping_admin=keeping_admin, file=file)
+            await self._catch_up()
+            try:
+                return await self._change(raw, author, keeping_admin=keeping_admin, file=file)
+            except _Superseded as lost:
+                raise self._conflict(lost.number) from None
 
     async def _change(
         self, raw: object, author: str, *, keeping_admin: str | None, file: FileContent | None
@@ -194,13 +228,25 @@ class LiveConfig:
                 _problem_list(exc),
             )
             raise
+        catalog = self._catalog(config)  # before publishing: a version this process cannot build is never shared
         number = await self._next_number()
         file_sha = file.sha if file is not None else self._file_sha
         file_raw = None if file is not None else self._file_raw
         version = new_version(number, author, redact(raw), self.current.raw, file_sha, file_raw)
-        self._apply(config, raw)
+        winner = await self._publish(version)
+        if winner is not None:
+            log.warning(
+                "config change from %s not applied: another gateway process published version %d first",
+                self._origin(author),
+                winner,
+            )
+            if winner != self._refused:
+                await self._adopt(winner)
+            raise _Superseded(winner)
+        with contextlib.suppress(ConfigError):  # again: discovered replicas may have changed while Redis answered
+            catalog = self._catalog(config)
+        self._install(catalog, raw)
         self._record(version)
-        await self._publish(version)
         if file is not None:
             self._file_sha, self._file_raw, self._held = file.sha, redact(raw), None
             self._file_keys = known_keys(raw)
@@ -216,20 +262,36 @@ class LiveConfig:
         """Make ``change`` to the running config (a copy, secrets in the clear) and propose the result, as one step
         (no other change lands in between): an edit of one part without shipping the whole config. ``change`` may
         raise to refuse. A key configured at start goes where :class:`SecretBindings` allow, as in any edit; a key
-        sent later through the API stays on the replicas it was sent for (the redaction rule of a ``PUT``)."""
+        sent later through the API stays on the replicas it was sent for (the redaction rule of a ``PUT``).
+
+        Made on the fleet's latest version; when another process publishes first, made once more on top of
+        its version (``change`` is called again), then refused with :class:`ConfigConflict`."""
         async with self._lock:
-            raw = change(copy.deepcopy(self._running_raw))
-            problems = self._unbound_key_moves(raw)
-            if problems:
-                exc = ConfigError.listing(problems, "config: ")
-                log.warning(
-                    "config change from %s refused; version %d keeps running: %s",
-                    self._origin(author),
-                    self.current.version,
-                    _problem_list(exc),
-                )
-                raise exc
-            return await self._change(raw, author, keeping_admin=keeping_admin, file=None)
+            await self._catch_up()
+            try:
+                return await self._edit_once(change, author, keeping_admin)
+            except _Superseded:
+                pass  # made again below, on top of the version that won (already adopted)
+            try:
+                return await self._edit_once(change, author, keeping_admin)
+            except _Superseded as lost:
+                raise self._conflict(lost.number) from None
+
+    async def _edit_once(
+        self, change: Callable[[dict[str, Any]], dict[str, Any]], author: str, keeping_admin: str | None
+    ) -> ConfigVersion:
+        raw = change(copy.deepcopy(self._running_raw))
+        problems = self._unbound_key_moves(raw)
+        if problems:
+            exc = ConfigError.listing(problems, "config: ")
+            log.warning(
+                "config change from %s refused; version %d keeps running: %s",
+                self._origin(author),
+                self.current.version,
+                _problem_list(exc),
+            )
+            raise exc
+        return await self._change(raw, author, keeping_admin=keeping_admin, file=None)
 
     def _unbound_key_moves(self, raw: dict[str, Any]) -> list[tuple[str, str]]:
         """Pools whose key was not configured at start (sent through the API) and that ``raw`` would send it to a
@@ -266,7 +328,11 @@ class LiveConfig:
             raise ConfigError(f"config file: {problem}", [("(file)", problem)])
         async with self._lock:
             self._seen = content
-            return await self._change(content.raw, f"file (reloaded by {author})", keeping_admin=None, file=content)
+            await self._catch_up()
+            try:
+                return await self._change(content.raw, f"file (reloaded by {author})", keeping_admin=None, file=content)
+            except _Superseded as lost:
+                raise self._conflict(lost.number) from None
 
     def _check(self, raw: object, keeping_admin: str | None) -> tuple[GatewayConfig, dict[str, Any]]:
         """``raw`` as a config to run (start-up settings kept, redacted secrets restored), or every problem."""
@@ -297,12 +363,19 @@ class LiveConfig:
         return problems
 
     def _apply(self, config: GatewayConfig, raw: dict[str, Any]) -> None:
+        self._install(self._catalog(config), raw)
+
+    def _catalog(self, config: GatewayConfig) -> Catalog:
+        """What ``config`` builds here, or :class:`ConfigError`: built before a version is published, so that one
+        this process cannot run is never shared."""
         try:
-            catalog = self._state.catalog_for(config)
+            return self._state.catalog_for(config)
         except ConfigError as exc:
             raise ConfigError(f"config: {exc}", exc.problems or [("(config)", str(exc))]) from None
         except MissingSecret as exc:
             raise ConfigError(f"config: {exc}", [("(config)", str(exc))]) from None
+
+    def _install(self, catalog: Catalog, raw: dict[str, Any]) -> None:
         self._state.apply(catalog)
         self._remember_keys(raw)
         self._running_raw = raw
@@ -346,7 +419,7 @@ class LiveConfig:
             log.warning("the config file %s now matches config version %d", self._path, self.current.version)
         self._file_sha, self._file_raw, self._held = seen.sha, candidate, None
 
-    async def _file_changed(self, content: FileContent) -> None:
+    async def _file_changed(self, content: FileContent, *, retried: bool = False) -> None:
         """Apply a new file content, unless it would undo an edit the file lacks or it is refused: then hold it."""
         if content.sha == self._file_sha:  # back to the content the running version was made from or on top of
             self._held = None
@@ -370,6 +443,17 @@ class LiveConfig:
             return
         try:
             await self._change(content.raw, "file", keeping_admin=None, file=content)
+        except _Superseded as lost:
+            # Another process (one watching the same file, often) published first: decide again on top of its
+            # version, which may be this very content.
+            if not retried and lost.number != self._refused:
+                await self._file_changed(content, retried=True)
+                return
+            log.error("%s changed but another gateway process changed the config at the same time", self._path)
+            warning = (
+                f"config file {self._path} changed but is not applied: the config changed meanwhile; save it again"
+            )
+            self._held = HeldFile(content.sha, warning, {"reason": "another change landed at the same time"})
         except ConfigError as exc:
             self._hold_refused(content, exc.problems or [("(file)", str(exc))])
         except (aioredis.RedisError, OSError) as exc:
@@ -406,6 +490,10 @@ class LiveConfig:
                 continue  # unreadable for now, or as last read
             async with self._lock:  # decided and applied as one step: an edit in between could be undone
                 self._seen = content
+                try:
+                    await self._catch_up()
+                except (aioredis.RedisError, OSError) as exc:
+                    stop_if_cancelled(exc)  # decided on this process's version; publishing says if Redis is back
                 await self._file_changed(content)
 
     # -- start-up ------------------------------------------------------------------------------------------
@@ -520,14 +608,34 @@ class LiveConfig:
             return floor + 1
         return int(await self._redis.eval(_NEXT_VERSION, 1, f"{self._keys}:seq", floor))
 
-    async def _publish(self, version: ConfigVersion) -> None:
+    async def _publish(self, version: ConfigVersion) -> int | None:
+        """Make ``version`` the fleet's, unless another process published one newer than the running one (the one
+        ``version`` was made on top of) since: then that one's number, and nothing written."""
+        if self._redis is None:
+            return None
+        shared_version = replace(version, file_raw=None)  # which file it was made on top of is this process's own
+        keys = (f"{self._keys}:current", f"{self._keys}:versions")
+        won = await self._redis.eval(
+            _PUBLISH, 2, *keys, self.current.version, version.version, shared_version.to_json()
+        )
+        return int(won) or None
+
+    async def _catch_up(self) -> None:
+        """Run the fleet's latest version first when another process published a newer one: a change is made on
+        top of it, never on this process's older copy (that would undo the newer one)."""
         if self._redis is None:
             return
-        shared_version = replace(version, file_raw=None)  # which file it was made on top of is this process's own
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(f"{self._keys}:versions", str(version.version), shared_version.to_json())
-            pipe.set(f"{self._keys}:current", version.version)
-            await pipe.execute()
+        fleet = int(await self._redis.get(f"{self._keys}:current") or 0)
+        if fleet > self.current.version and fleet != self._refused:
+            await self._adopt(fleet)
+
+    def _conflict(self, number: int) -> ConfigConflict:
+        message = (
+            f"Another gateway process published config version {number} while this change was being made; "
+            "nothing changed. GET /admin/config and send the change again on top of it."
+        )
+        trouble = self._troubles.get("fleet")
+        return ConfigConflict(409, message + (f" ({trouble})" if trouble else ""), "config_conflict", None)
 
     async def _join_fleet(self) -> None:
         """Adopt the fleet's version if it is newer; else make ours the fleet's."""
@@ -539,7 +647,9 @@ class LiveConfig:
                 return
             if fleet < self.current.version:
                 await self._redis.set(f"{self._keys}:seq", self.current.version)
-                await self._publish(self.current)
+                winner = await self._publish(self.current)
+                if winner is not None:  # another process made its own the fleet's meanwhile
+                    await self._adopt(winner)
         except (aioredis.RedisError, OSError) as exc:
             log.warning("Redis unreachable at start-up; running config version %d alone: %s", self.current.version, exc)
 
@@ -550,8 +660,8 @@ class LiveConfig:
             try:
                 fleet = int(await self._redis.get(f"{self._keys}:current") or 0)
                 if fleet > self.current.version and fleet != self._refused:
-                    async with self._lock:
-                        await self._adopt(fleet)
+                    async with self._lock:  # a change made meanwhile may be this very version, or a newer one
+                        await self._catch_up()
             except (aioredis.RedisError, OSError) as exc:
                 stop_if_cancelled(exc)
                 continue  # the fleet's version is picked up when Redis answers again

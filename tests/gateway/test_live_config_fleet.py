@@ -1,0 +1,159 @@
+"""Two gateway processes' live configs sharing one Redis and one data directory (``serve --workers 2``): a change
+made on one is never lost to a change made at the same time on the other.
+
+Each process here is a :class:`LiveConfig` on a real gateway state, with its own event loop on its own thread and
+its own Redis connection. The processes poll Redis for new versions only every hour here, so a change always
+lands "between two polls" of the other process: what the fleet then runs cannot depend on polling."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+import yaml
+
+from spillgate.gateway.control import live_config
+from spillgate.gateway.control.config import parse_config
+from spillgate.gateway.control.config_history import ConfigVersion
+from spillgate.gateway.control.live_config import LiveConfig
+from spillgate.gateway.control.replica_edits import ReplicaEditRefused, add_replica
+from spillgate.gateway.state import GatewayState, build_state
+from tests.support.redis_server import redis_url
+
+T = TypeVar("T")
+FIRST = "http://127.0.0.1:7001"
+SECOND = "http://127.0.0.1:7002"
+THIRD = "http://127.0.0.1:7003"
+
+
+class GatewayProcess:
+    """One process's live config: its gateway state, loop and Redis client are its own; the data directory,
+    the config file and Redis are shared."""
+
+    def __init__(self, path: Path, url: str) -> None:
+        raw = yaml.safe_load(path.read_text())
+        self.state: GatewayState = build_state(parse_config(raw), {}, {}, config_path=path)
+        self.live = LiveConfig(self.state, raw, path=path)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.redis = aioredis.from_url(url)
+        self.run(self.live.start(self.redis))
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on this process's loop and wait for it (blocking the caller's thread, so a call
+        from inside another process's edit lands in the middle of that edit)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    def stop(self) -> None:
+        self.run(self.live.stop())
+        self.run(self.redis.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
+    monkeypatch.setattr(live_config, "_REDIS_POLL_S", 3600.0)
+    config = {
+        "pools": [{"name": "blue", "served_model": "sim-model", "replicas": [FIRST]}],
+        "routes": [{"name": "chat", "targets": ["blue"]}],
+        "tenants": [{"name": "tenant-a", "keys": ["sk-fleet-tenant"]}],
+        "admin": {"keys": ["sk-fleet-admin"]},
+        "state": {"data_dir": str(tmp_path / "data"), "key_prefix": "fleet-test"},
+    }
+    path = tmp_path / "spillgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with redis_url(tmp_path) as url:
+        redis.Redis.from_url(url).delete(*(f"fleet-test:config:{key}" for key in ("seq", "current", "versions")))
+        one = GatewayProcess(path, url)
+        two = GatewayProcess(path, url)
+        try:
+            yield one, two, url
+        finally:
+            one.stop()
+            two.stop()
+
+
+def replicas(version: ConfigVersion) -> list[str]:
+    [pool] = version.raw["pools"]
+    return list(pool["replicas"])
+
+
+def fleet_version(url: str) -> ConfigVersion:
+    """The version every process adopts: the one Redis calls current."""
+    client = redis.Redis.from_url(url)
+    number = client.get("fleet-test:config:current")
+    assert number is not None
+    text = client.hget("fleet-test:config:versions", number)
+    assert text is not None
+    return ConfigVersion.from_json(text.decode())
+
+
+def add(process: GatewayProcess, url: str) -> ConfigVersion:
+    return process.run(process.live.edit(add_replica("blue", url, {}, []), "admin:test"))
+
+
+def test_an_edit_on_a_process_that_has_not_polled_yet_keeps_the_other_process_edit(
+    fleet: tuple[GatewayProcess, GatewayProcess, str],
+) -> None:
+    one, two, url = fleet
+    first = add(one, SECOND)
+    second = add(two, THIRD)  # ``two`` still runs the version before ``first``
+    assert second.version > first.version
+    assert replicas(second) == [FIRST, SECOND, THIRD]
+    assert replicas(fleet_version(url)) == [FIRST, SECOND, THIRD]
+    assert [str(u) for u in two.state.config.pools[0].replicas] == [FIRST, SECOND, THIRD]
+
+
+def test_a_replica_edit_that_loses_the_race_to_publish_is_made_again_on_the_winner(
+    fleet: tuple[GatewayProcess, GatewayProcess, str],
+) -> None:
+    one, two, url = fleet
+    calls: list[list[str]] = []
+    edit = add_replica("blue", THIRD, {}, [])
+
+    def racing(raw: dict[str, Any]) -> dict[str, Any]:
+        calls.append(list(raw["pools"][0]["replicas"]))
+        if len(calls) == 1:  # ``one`` publishes after ``two`` caught up and before ``two`` publishes
+            add(one, SECOND)
+        return edit(raw)
+
+    version = two.run(two.live.edit(racing, "admin:test"))
+    assert calls == [[FIRST], [FIRST, SECOND]], "made again on top of the version that won"
+    assert replicas(version) == [FIRST, SECOND, THIRD]
+    assert fleet_version(url).version == version.version
+    assert replicas(fleet_version(url)) == [FIRST, SECOND, THIRD]
+
+
+def test_a_whole_config_that_loses_the_race_to_publish_is_refused_with_a_conflict(
+    fleet: tuple[GatewayProcess, GatewayProcess, str],
+) -> None:
+    one, two, url = fleet
+    raw = yaml.safe_load(yaml.safe_dump(two.live.current.raw))
+    raw["routes"][0]["policy"] = "round_robin"
+    build = two.state.catalog_for
+    built: list[int] = []
+
+    def racing_build(config: Any) -> Any:
+        built.append(1)
+        if len(built) == 1:  # ``one`` publishes while ``two`` builds the PUT's catalog
+            add(one, SECOND)
+        return build(config)
+
+    two.state.catalog_for = racing_build  # type: ignore[method-assign]
+    with pytest.raises(ReplicaEditRefused) as refused:
+        two.run(two.live.propose(raw, "admin:test"))
+    assert (refused.value.status, refused.value.code) == (409, "config_conflict")
+    assert "nothing changed" in refused.value.message
+    winner = fleet_version(url)
+    assert replicas(winner) == [FIRST, SECOND] and winner.raw["routes"][0].get("policy") != "round_robin"
+    assert two.live.current.version == winner.version, "the loser runs the winner's version"
+    assert [str(u) for u in two.state.config.pools[0].replicas] == [FIRST, SECOND]
