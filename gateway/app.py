@@ -22,7 +22,7 @@ from spillgate.backends.backend import Backend
 from spillgate.gateway.capacity.api import capacity_report, capacity_router, publish
 from spillgate.gateway.control.admin import admin_router
 from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
-from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.errors import ApiError, error_body, unknown_path, wrong_method
 from spillgate.gateway.observability.access_log import AccessLog
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
@@ -60,12 +60,14 @@ class GatewayApp:
         hot = (slots, reading, self.observer, self.tracing, self.drain)
         chat = CompletionsHandler(state, "/v1/chat/completions", *hot)
         completions = CompletionsHandler(state, "/v1/completions", *hot)
-        # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect.
+        # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect. Without
+        # "/v1" too, as LiteLLM serves them: clients given a base URL without it call these paths.
+        served = {"/v1/chat/completions": chat, "/v1/completions": completions}
         self._hot = {
-            "/v1/chat/completions": chat,
-            "/v1/chat/completions/": chat,
-            "/v1/completions": completions,
-            "/v1/completions/": completions,
+            alias + slash: handler
+            for path, handler in served.items()
+            for alias in (path, path.removeprefix("/v1"))
+            for slash in ("", "/")
         }
         self._control = build_control_app(state, self.access_log, self.drain)
 
@@ -206,10 +208,13 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404 and (target := slash_redirect(app, request.scope)) is not None:
             return Response(status_code=307, headers={"location": target})
-        message = "Not found." if exc.status_code == 404 else str(exc.detail)
-        return Response(
-            error_body(exc.status_code, message), status_code=exc.status_code, media_type="application/json"
-        )
+        if exc.status_code == 404:
+            error = unknown_path(request.method, request.url.path)
+        elif exc.status_code == 405:
+            error = wrong_method(request.method, request.url.path, allowed_methods(app, request.scope))
+        else:
+            error = ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+        return Response(error.body(), status_code=error.status, media_type="application/json", headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -270,6 +275,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
     def model_entry(name: str) -> dict[str, object]:
         return {"id": name, "object": "model", "created": started, "owned_by": "spillgate"}
 
+    @app.get("/models", include_in_schema=False)
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, object]:
         tenant = state.tenants.authenticate(request.headers.get("authorization"))
@@ -282,6 +288,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
             data.append(model_entry(name))
         return {"object": "list", "data": data}
 
+    @app.get("/models/{model:path}", include_in_schema=False)
     @app.get("/v1/models/{model:path}")
     async def model(model: str, request: Request) -> dict[str, object]:
         """One route by any of its names (``client.models.retrieve``), if the caller may use it."""
@@ -355,6 +362,17 @@ def _outlier_health(backend: Backend, now: float) -> dict[str, object]:
         "ejections": breaker.total_ejections,
         "last_failure": breaker.last_failure or None,
     }
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> str:
+    """Every method some route serves at the request's path (Starlette's own ``Allow`` names only the first route's,
+    where one path has a route per method)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        served = getattr(route, "methods", None)
+        if served and route.matches({**scope, "method": next(iter(served))})[0] is Match.FULL:
+            methods |= served
+    return ", ".join(sorted(methods))
 
 
 def slash_redirect(app: FastAPI, scope: Scope) -> str | None:

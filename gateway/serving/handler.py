@@ -1,4 +1,5 @@
-"""The hot path: ``POST /v1/chat/completions`` and ``/v1/completions`` as plain ASGI handlers.
+"""The hot path: ``POST /v1/chat/completions`` and ``/v1/completions`` (also without ``/v1``) as plain ASGI
+handlers.
 
 A request's life, each step in its own module: the key, the body and a slot here; then admission (parse, route,
 decide, reserve: :mod:`gateway.serving.admission`), forwarding (ranked candidates, one dispatch ticket each:
@@ -13,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from spillgate.gateway.errors import ApiError, error_body
+from spillgate.gateway.errors import ApiError, error_body, wrong_method
 from spillgate.gateway.observability.trace_context import client_trace
 from spillgate.gateway.observability.tracing import RequestTrace, Tracing
 from spillgate.gateway.serving.admission import Admission
@@ -107,7 +108,7 @@ class CompletionsHandler:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, attempt: Attempt) -> dict[str, Any] | None:
         """Answer the request; returns its parsed body if it was admitted (the access log may show its prompt)."""
         if scope["method"] != "POST":
-            await send_error(send, attempt, ApiError(405, "Use POST for this endpoint."))
+            await send_error(send, attempt, wrong_method(scope["method"], scope["path"], "POST"))
             return None
         if self._drain.draining:
             await refuse(send, attempt)

@@ -184,7 +184,7 @@ def test_a_stream_without_usage_asked_still_logs_its_tokens(gateway: RunningProc
         ("POST", {"model": "no-such-model", "messages": HELLO}, TENANT_KEY, 404, "model_not_found", "tenant-a"),
         ("POST", {"model": "chat", "messages": "hi"}, TENANT_KEY, 422, None, "tenant-a"),
         ("POST", b"{not json", TENANT_KEY, 400, "invalid_json", "tenant-a"),
-        ("GET", None, TENANT_KEY, 405, "", ""),
+        ("GET", None, TENANT_KEY, 405, "method_not_allowed", ""),
     ],
 )
 def test_each_refusal_leaves_one_line_with_its_status_and_code(
@@ -246,7 +246,7 @@ def test_the_clients_trace_id_is_logged(gateway: RunningProcess) -> None:
         ("/v1/models", WRONG_KEY, 401, "invalid_api_key", ""),
         ("/admin/config", TENANT_KEY, 403, "admin_key_required", "tenant-a"),
         ("/admin/config", ADMIN_KEY, 200, "", "admin"),
-        ("/no/such/path", TENANT_KEY, 404, "", "tenant-a"),
+        ("/no/such/path", TENANT_KEY, 404, "unsupported_endpoint", "tenant-a"),
     ],
 )
 def test_every_other_endpoint_is_logged_too(
