@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -60,6 +61,8 @@ async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure,
     completion = _completion_of(body)
     if completion is None:
         raise TryElsewhere(failed(f"a {response.status} body that is not a completion: {body[:40]!r}"), retryable=True)
+    if "metadata" in completion and openai_metadata(completion):
+        body = orjson.dumps(completion)
     attempt = call.attempt
     attempt.first_token_at = call.ticket.first_token()
     usage = completion.get("usage")
@@ -128,6 +131,24 @@ def _completion_of(body: bytes) -> dict[str, Any] | None:
     return parsed
 
 
+def openai_metadata(completion: dict[str, Any]) -> bool:
+    """Make a whole answer's ``metadata`` OpenAI's: a map of strings (what a client stored with the request). SGLang
+    sends its own there, ``{"weight_version": "default", "weight_versions": [{...}]}``, whose list makes the ``openai``
+    SDK warn whenever it serialises the answer: the entries that are not strings go, ``weight_version`` stays.
+    Streamed chunks carry no ``metadata``. Returns whether the answer changed."""
+    metadata = completion["metadata"]
+    if isinstance(metadata, dict):
+        kept = {key: value for key, value in metadata.items() if isinstance(value, str)}
+        if len(kept) == len(metadata):
+            return False
+        completion["metadata"] = kept
+    elif metadata is not None:
+        del completion["metadata"]
+    else:
+        return False
+    return True
+
+
 def as_openai_error(body: bytes, status: int, backend: Backend) -> bytes:
     """A replica's 4xx body in OpenAI's shape with the engine's message kept (SGLang writes it flat, vLLM as
     OpenAI does), else a generic refusal. The message is scrubbed of the replica's key and anything shaped like a
@@ -139,8 +160,19 @@ def as_openai_error(body: bytes, status: int, backend: Backend) -> bytes:
     found = backend.engine.error_message(parsed)
     if found is not None:
         message, param = found
-        message = scrub(message, (backend.api_key,) if backend.api_key else ())
+        message = conceal(scrub(message, (backend.api_key,) if backend.api_key else ()), backend)
         log.info("backend %s refused a request (%s): %s", backend.name, status, message)
         return error_body(status, message, param=param)
     log.info("backend %s refused a request (%s) without a readable reason", backend.name, status)
     return error_body(status, "The backend refused the request.", code="backend_refused")
+
+
+def conceal(message: str, backend: Backend) -> str:
+    """``message`` without the replica's address or name (an engine may repeat where it listens): the tenant is
+    told "the backend", the log and the admin API say which."""
+    address = backend.base_url.rstrip("/")
+    parts = urlsplit(address)
+    for shown in (address, parts.netloc, parts.hostname, backend.name):
+        if shown and shown in message:
+            message = message.replace(shown, "the backend")
+    return message
