@@ -71,6 +71,10 @@ class Gone(Exception):
     """The API server no longer has the version asked for: list again."""
 
 
+class NotApplied(Exception):
+    """``publish`` failed: the set is offered again after a backoff, from the last version it was applied at."""
+
+
 Publish = Callable[[tuple[DiscoveredReplica, ...]], None]
 ClientFactory = Callable[[], AsyncClient]
 
@@ -104,6 +108,9 @@ class PodWatcher:
         self._selector = parse_selector(source.label_selector)
         self._pods = PodSet(PodPort(source.port, source.scheme), loopback=serve_loopback)
         self._version: str | None = None
+        """The version the set was last applied at: stored only once ``publish`` took what it brought."""
+        self._published: tuple[DiscoveredReplica, ...] | None = None
+        """The set ``publish`` last took; a set that differs from it is offered, whatever the pods did since."""
         self._task: asyncio.Task[None] | None = None
         self._client: AsyncClient | None = None
         self.listed = asyncio.Event()
@@ -156,6 +163,11 @@ class PodWatcher:
                 if await self._watch():
                     gone = 0
                 failures = 0  # a watch that ended by itself: start again from its version
+            except NotApplied as exc:
+                failures += 1
+                why, cap = repr(exc.__cause__), self._delay_cap(failures)
+                log.warning("discovery for pool %s: not applied (%s); again in up to %.1f s", self.pool, why, cap)
+                await asyncio.sleep(self._delay(failures))
             except Gone:
                 log.info("discovery for pool %s: resourceVersion %s expired; listing again", self.pool, self._version)
                 self._version = None
@@ -187,11 +199,11 @@ class PodWatcher:
         namespace = self.source.resolved_namespace()
         listing = self._client.list(Pod, namespace=namespace, labels=self._selector)
         pods = [pod async for pod in listing]
-        self._version = _version_of(listing)
         self.relists += 1
         self._connected()
-        if self._pods.relisted(pods):
-            self._changed("listed")
+        self._pods.relisted(pods)
+        self._offer("listed")
+        self._version = _version_of(listing)  # only now: a failure above lists again rather than watch past it
         self.listed.set()
 
     async def _watch(self) -> bool:
@@ -220,17 +232,20 @@ class PodWatcher:
                     raise
                 heard = True
                 self._connected()
+                self._pods.event(kind, pod)
+                self._offer(f"{kind} {pod.metadata.name if pod.metadata is not None else ''}")
                 version = pod.metadata.resourceVersion if pod.metadata is not None else None
                 if version:
-                    self._version = version
-                if self._pods.event(kind, pod):
-                    self._changed(f"{kind} {pod.metadata.name if pod.metadata is not None else ''}")
+                    self._version = version  # after it was applied: a failure watches again from before it
         finally:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
-    def _changed(self, why: str) -> None:
+    def _offer(self, why: str) -> None:
+        """Publish the set if it differs from the one last published; :class:`NotApplied` if that fails."""
         replicas = self._pods.replicas()
+        if replicas == self._published:
+            return
         log.warning(
             "discovery for pool %s (%s): %d replica(s) serving after %s: %s",
             self.pool,
@@ -239,7 +254,11 @@ class PodWatcher:
             why,
             ", ".join(r.pod for r in replicas) or "none",
         )
-        self._publish(replicas)
+        try:
+            self._publish(replicas)
+        except Exception as exc:
+            raise NotApplied from exc
+        self._published = replicas
 
     def _connected(self) -> None:
         if self.since is not None:

@@ -121,11 +121,13 @@ class PodSet:
         return tuple(sorted(r for r in self.pods.values() if r is not None))
 
     def relisted(self, pods: Iterable[Any]) -> bool:
+        """Replace the set with ``pods``: built whole apart, then swapped in, so a pod that cannot be read
+        leaves the set as it was rather than half replaced."""
         before = self.replicas()
-        self.pods.clear()
-        self.why.clear()
+        fresh = PodSet(self.where, self.loopback)
         for pod in pods:
-            self._put(pod)
+            fresh._put(pod, warned=self.why)
+        self.pods, self.why = fresh.pods, fresh.why
         return self.replicas() != before
 
     def event(self, kind: str, pod: Any) -> bool:
@@ -141,12 +143,13 @@ class PodSet:
             self._put(pod)
         return self.replicas() != before
 
-    def _put(self, pod: Any) -> None:
+    def _put(self, pod: Any, warned: dict[str, str] | None = None) -> None:
+        """``warned``: why each pod did not serve before (default: :attr:`why`), to log a refused IP once."""
         replica, why = replica_of(pod, self.where, loopback=self.loopback)
         name = pod.metadata.name if pod.metadata is not None else None
         if not name:
             return
-        if why.startswith(_UNUSABLE_IP) and self.why.get(name) != why:
+        if why.startswith(_UNUSABLE_IP) and (self.why if warned is None else warned).get(name) != why:
             namespace = pod.metadata.namespace or "?"
             log.warning("discovery: pod %s/%s is not served: %s", namespace, name, why)
         self.pods[name] = replica

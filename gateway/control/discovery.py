@@ -41,17 +41,23 @@ def source_of(pool: PoolConfig) -> KubernetesSource | None:
     return KubernetesSource(kubernetes.namespace, kubernetes.label_selector, kubernetes.port, kubernetes.scheme)
 
 
+class NotAppliedError(RuntimeError):
+    """``on_change`` said the replicas found could not be applied."""
+
+
 class Discovery:
     """Watchers by pool, and what each found."""
 
     def __init__(
         self,
-        on_change: Callable[[], None],
+        on_change: Callable[[], bool | None],
         *,
         client_factory: ClientFactory | None = None,
         serve_loopback: bool | None = None,
     ) -> None:
-        """``client_factory``: the Kubernetes client each watcher uses (default: in-cluster, else KUBECONFIG).
+        """``on_change`` rebuilds the catalog with :meth:`replicas`; raising or returning ``False`` says it could
+        not, and the set found is offered again later. ``client_factory``: the Kubernetes client each watcher uses
+        (default: in-cluster, else KUBECONFIG).
         ``serve_loopback``: pods with a loopback IP serve (default: :data:`LOOPBACK_ENV` says so)."""
         self._on_change = on_change
         self._client_factory = client_factory
@@ -138,12 +144,27 @@ class Discovery:
 
     def _publisher(self, pool: str, source: KubernetesSource) -> Callable[[tuple[DiscoveredReplica, ...]], None]:
         def publish(replicas: tuple[DiscoveredReplica, ...]) -> None:
+            """Apply ``replicas``; on failure the set applied before is kept and the error raised, so the watcher
+            offers the same set again rather than it being taken for applied."""
             if self._wanted.get(pool) != source:
                 return  # a watcher being stopped: its pool moved on
             previous = self._found.get(pool)
             if previous is not None and previous[1] == replicas:
                 return
-            self._found[pool] = (source, replicas)
-            self._on_change()
+            self._found[pool] = (source, replicas)  # the catalog is built from it
+            try:
+                applied = self._on_change()
+            except Exception:
+                self._restore(pool, previous)
+                raise
+            if applied is False:
+                self._restore(pool, previous)
+                raise NotAppliedError(f"the catalog for pool {pool} could not be rebuilt with its replicas")
 
         return publish
+
+    def _restore(self, pool: str, previous: tuple[KubernetesSource, tuple[DiscoveredReplica, ...]] | None) -> None:
+        if previous is None:
+            self._found.pop(pool, None)
+        else:
+            self._found[pool] = previous

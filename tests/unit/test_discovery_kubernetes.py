@@ -15,6 +15,9 @@ from lightkube import AsyncClient, KubeConfig
 
 from spillgate.backends.discovery import DiscoveredReplica
 from spillgate.backends.discovery.kubernetes import KubernetesSource, PodWatcher
+from spillgate.gateway.control.config import parse_config
+from spillgate.gateway.control.discovery import Discovery
+from spillgate.gateway.control.secrets import MissingSecret
 from tests.support.kube_apiserver import KubeApiServer
 
 LABELS = {"app": "sglang-llama"}
@@ -161,3 +164,59 @@ async def test_an_api_server_outage_keeps_the_last_known_replicas(
     add(api, "b", 2)
     await published.until(lambda pods: pods == ["a", "b"])
     assert watcher.status()["connected"]
+
+
+async def test_a_set_that_could_not_be_applied_is_offered_again(api: KubeApiServer, tmp_path: Path) -> None:
+    """The gateway's rebuild fails (a secret gone from its environment) for the first set and the one after a
+    watch event: each is offered again and applied once the rebuild works, never taken for applied before."""
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    discovery_raw = {"kubernetes": {"namespace": "llm", "label_selector": "app=sglang-llama", "port": "http"}}
+    config = parse_config(
+        {
+            "pools": [{"name": "llama", "served_model": "m", "discovery": discovery_raw}],
+            "routes": [{"name": "chat", "targets": ["llama"]}],
+            "auth": {"required": False},
+        }
+    )
+    failing = [True]
+    tried: list[list[str]] = []
+    applied: list[list[str]] = []
+
+    def rebuild() -> None:
+        pods = [r.pod for r in discovery.replicas(config).get("llama", ())]
+        tried.append(pods)
+        if failing[0]:
+            raise MissingSecret("environment variable SGLANG_API_KEY is not set")
+        applied.append(pods)
+
+    def client() -> AsyncClient:
+        return AsyncClient(config=KubeConfig.from_file(kubeconfig), timeout=httpx2.Timeout(5.0))
+
+    discovery = Discovery(rebuild, client_factory=client)
+    discovery.configure(config)
+    add(api, "a", 1)
+    await discovery.start(wait_s=0.0)
+    try:
+        async with asyncio.timeout(10):
+            while len(tried) < 2:
+                await asyncio.sleep(0.02)
+        assert tried[:2] == [["a"], ["a"]], "the same set, offered again"
+        assert discovery.replicas(config) == {}, "while not applied, the pool has what it had before: nothing"
+        failing[0] = False
+        async with asyncio.timeout(10):
+            while applied != [["a"]]:
+                await asyncio.sleep(0.02)
+        assert [r.pod for r in discovery.replicas(config)["llama"]] == ["a"]
+        failing[0] = True
+        add(api, "b", 2)
+        async with asyncio.timeout(10):
+            while tried.count(["a", "b"]) < 2:
+                await asyncio.sleep(0.02)
+        assert [r.pod for r in discovery.replicas(config)["llama"]] == ["a"]
+        failing[0] = False
+        async with asyncio.timeout(10):
+            while applied[-1] != ["a", "b"]:
+                await asyncio.sleep(0.02)
+        assert [r.pod for r in discovery.replicas(config)["llama"]] == ["a", "b"]
+    finally:
+        await discovery.stop()

@@ -99,6 +99,7 @@ def test_a_pod_with_an_unusable_ip_is_logged_once(caplog: pytest.LogCaptureFixtu
         assert not pods.relisted([pod("a", ip="169.254.169.254")])
         assert not pods.event("MODIFIED", pod("a", ip="169.254.169.254"))
         assert not pods.event("MODIFIED", pod("a", ip="169.254.169.254"))
+        assert not pods.relisted([pod("a", ip="169.254.169.254")])
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["discovery: pod llm/a is not served: unusable IP '169.254.169.254': link-local"]
     assert pods.replicas() == () and pods.why == {"a": "unusable IP '169.254.169.254': link-local"}
@@ -125,6 +126,17 @@ def test_the_set_follows_events_and_a_relist_drops_what_it_lacks() -> None:
     assert "a" not in pods.pods
     assert pods.relisted([pod("c")]), "b vanished from the list: gone, whatever events were lost"
     assert [r.pod for r in pods.replicas()] == ["c"]
+
+
+def test_a_relist_that_fails_midway_leaves_the_set_as_it_was() -> None:
+    pods = PodSet(HTTP)
+    pods.relisted([pod("a"), pod("b", ready=False)])
+    broken = pod("y")
+    broken.status.conditions = [object()]  # a condition without a type: reading it raises
+    with pytest.raises(AttributeError):
+        pods.relisted([pod("x"), broken, pod("z")])
+    assert [r.pod for r in pods.replicas()] == ["a"]
+    assert set(pods.pods) == {"a", "b"} and pods.why == {"b": "not ready"}
 
 
 def test_a_pod_whose_ip_changed_is_a_new_address() -> None:
