@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from spillgate.gateway.control.config_history import Destination
@@ -61,11 +62,16 @@ class SecretStore:
             for (section, name), (destination, key) in sorted(self._kept.items())
         ]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        staging = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Staged under a name of this write's own: the workers of ``serve --workers`` share the data directory,
+        # and two writing at once must not rename each other's staging file away.
+        fd, staging = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
         try:
-            os.write(fd, json.dumps(items, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(staging, self.path)
+            try:
+                os.write(fd, json.dumps(items, indent=1).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(staging, self.path)
+        except BaseException:
+            Path(staging).unlink(missing_ok=True)
+            raise
