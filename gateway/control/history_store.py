@@ -16,6 +16,7 @@ changed since (had it changed, the gateway before owners would have dropped thos
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -70,12 +71,18 @@ def _owned_name(prefix: str, config: str, extension: str) -> str:
 
 class LocalHistory:
     """One config's versions, one JSON line each, after the line naming the owner; only the gateway's user may
-    read the file."""
+    read the file.
 
-    def __init__(self, path: Path, owner: HistoryOwner, versions: list[ConfigVersion]) -> None:
+    The workers of ``serve --workers`` share the file: each records the versions it makes and those it adopts
+    from another, so each version is written once, by whichever process records it first (appends take a lock on
+    the file and first read what the others appended), and every process's history has every version."""
+
+    def __init__(self, path: Path, owner: HistoryOwner, versions: list[ConfigVersion], read_to: int = 0) -> None:
         self.path = path
         self.owner = owner
         self.versions = versions
+        self._read_to = read_to
+        """How many bytes of the file ``versions`` holds."""
 
     @classmethod
     def open(cls, data_dir: Path, config_path: Path | None, file_sha: str | None) -> LocalHistory:
@@ -85,23 +92,23 @@ class LocalHistory:
         config = owner_of(config_path)
         path = data_dir / history_name(config)
         if path.exists():
-            owner, versions = _read(path)
+            owner, versions, read_to = _read(path)
             if owner is None or owner.config != config:
                 whose = owner.config if owner else "no config (its owner line is missing)"
                 raise ConfigError(
                     f"{path} holds the config history of {whose}, not of {config}; move it away to start afresh"
                 )
-            return cls(path, owner, versions)
+            return cls(path, owner, versions, read_to)
         owner = HistoryOwner(config, uuid.uuid4().hex, time.time())
         legacy = data_dir / LEGACY_NAME
         if legacy.exists():
-            _, versions = _read(legacy)
+            _, versions, _ = _read(legacy)
             if versions and versions[-1].file_sha == file_sha:
                 _adopt(legacy, path, owner)
                 log.warning(
                     "config history %s adopted as %s (the config file is as its latest version saw it)", legacy, path
                 )
-                return cls(path, owner, versions)
+                return cls(path, owner, versions, path.stat().st_size)
             log.warning(
                 "%s was left as it is: its latest version was made from another config file content, so it may be "
                 "another config's; this config's history starts in %s",
@@ -118,33 +125,69 @@ class LocalHistory:
         return next((v for v in self.versions if v.version == version), None)
 
     def append(self, version: ConfigVersion) -> None:
+        """Record ``version`` unless the file has it already (another process sharing it recorded it first)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = version.to_json() + "\n"
-        if not self.path.exists():
-            text = self.owner.to_json() + "\n" + text
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, text.encode())
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released on close
+            self._read_more(fd)
+            if self.get(version.version) is not None:
+                return
+            text = version.to_json() + "\n"
+            if self._read_to == 0:
+                text = self.owner.to_json() + "\n" + text
+            data = text.encode()
+            os.write(fd, data)
             os.fsync(fd)
+            self._read_to += len(data)
+            self._add(version)
         finally:
             os.close(fd)
+
+    def _read_more(self, fd: int) -> None:
+        """Take in what other processes appended since this one last read the file."""
+        size = os.fstat(fd).st_size
+        if size < self._read_to:  # replaced by hand since: read afresh
+            self._read_to = 0
+        data = os.pread(fd, size - self._read_to, self._read_to)
+        data = data[: data.rfind(b"\n") + 1]  # whole lines only
+        for line in data.decode().splitlines():
+            owner, version = _line(line)
+            if owner is not None and self._read_to == 0 and not self.versions:
+                self.owner = owner  # another process began the file: its owner line is the history's
+            if version is not None and self.get(version.version) is None:
+                self._add(version)
+        self._read_to += len(data)
+
+    def _add(self, version: ConfigVersion) -> None:
         self.versions.append(version)
+        if len(self.versions) > 1 and self.versions[-2].version > version.version:
+            self.versions.sort(key=lambda v: v.version)
 
 
-def _read(path: Path) -> tuple[HistoryOwner | None, list[ConfigVersion]]:
+def _read(path: Path) -> tuple[HistoryOwner | None, list[ConfigVersion], int]:
+    """The owner, the versions (each once: a file from before appends were checked may hold one several times)
+    and the size read."""
+    data = path.read_bytes()
     owner = None
-    versions = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        data = json.loads(line)
-        if "history" in data:
-            if owner is None:
-                meta = data["history"]
-                owner = HistoryOwner(str(meta["config"]), str(meta["id"]), float(meta.get("created_at", 0.0)))
-            continue
-        versions.append(ConfigVersion.from_json(line))
-    return owner, versions
+    versions: dict[int, ConfigVersion] = {}
+    for line in data.decode().splitlines():
+        found, version = _line(line)
+        owner = owner or found
+        if version is not None:
+            versions.setdefault(version.version, version)
+    return owner, sorted(versions.values(), key=lambda v: v.version), len(data)
+
+
+def _line(line: str) -> tuple[HistoryOwner | None, ConfigVersion | None]:
+    """One line of a history file: its owner line, a version, or neither (a blank line)."""
+    if not line.strip():
+        return None, None
+    data = json.loads(line)
+    if "history" in data:
+        meta = data["history"]
+        return HistoryOwner(str(meta["config"]), str(meta["id"]), float(meta.get("created_at", 0.0))), None
+    return None, ConfigVersion.from_json(line)
 
 
 def _adopt(legacy: Path, path: Path, owner: HistoryOwner) -> None:

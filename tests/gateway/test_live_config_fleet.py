@@ -8,6 +8,7 @@ lands "between two polls" of the other process: what the fleet then runs cannot 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -157,3 +158,21 @@ def test_a_whole_config_that_loses_the_race_to_publish_is_refused_with_a_conflic
     assert replicas(winner) == [FIRST, SECOND] and winner.raw["routes"][0].get("policy") != "round_robin"
     assert two.live.current.version == winner.version, "the loser runs the winner's version"
     assert [str(u) for u in two.state.config.pools[0].replicas] == [FIRST, SECOND]
+
+
+def test_the_shared_history_file_holds_each_version_once_and_every_process_knows_every_version(
+    fleet: tuple[GatewayProcess, GatewayProcess, str],
+) -> None:
+    one, two, _ = fleet
+    add(one, SECOND)
+    add(one, THIRD)
+    last = two.run(two.live.edit(add_replica("blue", "http://127.0.0.1:7004", {}, []), "admin:test"))
+    assert last.version == 4
+    [path] = Path(one.state.data_dir).glob("config-history.*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["history"]["id"] for line in lines[:1]] == [one.live.history_owner()["id"]]
+    assert [line["version"] for line in lines[1:]] == [1, 2, 3, 4], "each version once, whoever recorded it"
+    assert two.live.history_owner() == one.live.history_owner()
+    assert [v.version for v in two.live.history()] == [1, 2, 3, 4]
+    skipped = two.live.version(2)  # ``two`` went from version 1 to 3: version 2 is still there to roll back to
+    assert skipped is not None and replicas(skipped) == [FIRST, SECOND]
