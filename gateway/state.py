@@ -101,12 +101,15 @@ class GatewayState:
         existing = self.registry.known()
         return build_catalog(config, self.endpoints, existing, self.discovery.replicas(config))
 
-    def rediscover(self) -> None:
-        """A pool's discovered replicas changed: the running config's catalog again, with them."""
+    def rediscover(self) -> bool:
+        """A pool's discovered replicas changed: the running config's catalog again, with them. ``False`` when it
+        could not be built, so discovery offers the same set again later."""
         try:
             self.apply(self.catalog_for(self.config))
         except (ConfigError, MissingSecret) as exc:  # the environment changed under the running config
             log.error("discovered replicas could not be applied; the catalog stays as it was: %s", exc)
+            return False
+        return True
 
     @property
     def spend(self) -> LedgerSpend:

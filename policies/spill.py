@@ -82,7 +82,7 @@ def _never_serves(request: RouteRequest, backend: BackendState) -> str | None:
     if backend.context_window and request.prompt_tokens + request.max_tokens > backend.context_window:
         return (
             f"the prompt (~{request.prompt_tokens} tokens) plus max_tokens ({request.max_tokens}) exceed "
-            f"{backend.name}'s context window ({backend.context_window} tokens)"
+            f"the context window ({backend.context_window} tokens)"
         )
     return None
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
+from spillgate.gateway.control.egress import discovery_destination
 from spillgate.gateway.control.secrets import ENV_PREFIX
 from spillgate.gateway.tenancy.tenants import key_digest
 
@@ -95,8 +96,8 @@ _KEYED_SECTIONS = ("hosted_models", "pools")
 
 
 class Destination(NamedTuple):
-    """Where an entry's key is sent: a hosted model's model (its provider) and base URL; a pool's engine and
-    replicas. A redacted key is restored only onto the same destination."""
+    """Where an entry's key is sent: a hosted model's model (its provider) and base URL; a pool's engine, the
+    pods it discovers and its replicas. A redacted key is restored only onto the same destination."""
 
     kind: str
     target: tuple[object, ...]
@@ -112,7 +113,8 @@ def destination(section: str, entry: dict[str, Any]) -> Destination:
         return Destination("hosted", (entry.get("model"), entry.get("api_base")))
     replicas = entry.get("replicas")
     addresses = frozenset(str(r) for r in replicas) if isinstance(replicas, list) else frozenset()
-    return Destination("pool", (entry.get("engine", "sglang"),), addresses)
+    target = (entry.get("engine", "sglang"), discovery_destination(entry.get("discovery")))
+    return Destination("pool", target, addresses)
 
 
 def known_keys(raw: dict[str, Any]) -> dict[tuple[str, str], tuple[Destination, object]]:

@@ -92,12 +92,12 @@ _CREDENTIALS_REFUSED = (401, 402, 403)
 def _api_error(exc: HostedError, backend: str) -> ApiError:
     if exc.kind == "bad_request" and exc.status in _CREDENTIALS_REFUSED:
         log.warning("hosted model %s refused the gateway's credentials (%s): check its api_key", backend, exc.status)
-        return ApiError(502, f"Hosted model {backend} refused the gateway's credentials.", code="hosted_auth")
+        return ApiError(502, "The hosted model refused the gateway's credentials.", code="hosted_auth")
     status = _STATUS.get(exc.kind, 502)
     if exc.kind == "bad_request" and exc.status and 400 <= exc.status < 500:
         status = exc.status
     headers = {"retry-after": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else {}
-    return ApiError(status, f"Hosted model {backend}: {exc}", code=f"hosted_{exc.kind}", headers=headers)
+    return ApiError(status, f"The hosted model failed: {exc}", code=f"hosted_{exc.kind}", headers=headers)
 
 
 def _try_elsewhere(exc: HostedError, backend: str) -> TryElsewhere:

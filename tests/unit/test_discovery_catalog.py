@@ -69,3 +69,20 @@ def test_the_pool_key_is_bound_to_the_discovery_it_was_configured_with() -> None
     static = SecretBindings(raw(discovery=None, replicas=["http://10.0.0.1:30000"]), None, lambda model: None)
     problems = static.problems(raw(replicas=["http://10.0.0.1:30000"]))
     assert [path for path, _ in problems] == ["pools.0.api_key"], "a discovery added to a keyed pool is a new place"
+
+
+def test_a_redacted_pool_key_is_not_put_back_onto_pods_of_another_selector_scheme_or_port() -> None:
+    """A key sent through the API comes back redacted in a GET; PUT back with the pool's discovery moved, it must
+    be sent again, or an admin key could point it at pods of its choosing."""
+    from spillgate.gateway.control.config_history import REDACTED, known_keys, unredact
+
+    discovery = {"kubernetes": {"namespace": "llm", "label_selector": "app=a", "port": 30000, "scheme": "https"}}
+    pool = {"name": "p", "served_model": "m", "discovery": discovery, "api_key": "sk-replica"}
+    keys = known_keys({"pools": [pool]})
+    same, problems = unredact({"pools": [{**pool, "api_key": REDACTED}]}, keys)
+    assert problems == [] and same["pools"][0]["api_key"] == "sk-replica"
+    for change in ({"label_selector": "app=b"}, {"namespace": "other"}, {"scheme": "http"}, {"port": 8080}):
+        moved = {"kubernetes": {**discovery["kubernetes"], **change}}
+        out, problems = unredact({"pools": [{**pool, "discovery": moved, "api_key": REDACTED}]}, keys)
+        assert [where for where, _ in problems] == ["pools.0.api_key"], change
+        assert out["pools"][0]["api_key"] == REDACTED, change
