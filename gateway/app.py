@@ -23,17 +23,22 @@ from spillgate.gateway.capacity.api import capacity_report, capacity_router, pub
 from spillgate.gateway.control.admin import admin_router
 from spillgate.gateway.dispatch.kv_feeds import KvEventFeeds
 from spillgate.gateway.errors import ApiError, error_body, unknown_path, wrong_method
+from spillgate.gateway.faces.bridge import FaceHandler
+from spillgate.gateway.faces.messages import MessagesFace
+from spillgate.gateway.faces.responses import ResponsesFace
 from spillgate.gateway.observability.access_log import AccessLog
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
 from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.openapi import install_openapi
 from spillgate.gateway.serving.drain import Drain
+from spillgate.gateway.serving.embeddings import EmbeddingsHandler
 from spillgate.gateway.serving.exchange import Receive, Scope, Send, header
 from spillgate.gateway.serving.handler import CompletionsHandler
 from spillgate.gateway.serving.observer import RequestObserver
 from spillgate.gateway.serving.slots import InFlightLimit, ReadingBudget
 from spillgate.gateway.state import GatewayState
+from spillgate.gateway.tenancy.keys_api import keys_router
 from spillgate.gateway.tenancy.spend_api import spend_router
 from spillgate.gateway.tenancy.tenants import Tenant, require_metrics_token
 
@@ -60,9 +65,19 @@ class GatewayApp:
         hot = (slots, reading, self.observer, self.tracing, self.drain)
         chat = CompletionsHandler(state, "/v1/chat/completions", *hot)
         completions = CompletionsHandler(state, "/v1/completions", *hot)
+        authenticate = lambda authorization: state.tenants.authenticate(authorization)  # noqa: E731 (live config)
+        messages = FaceHandler(MessagesFace(state), chat, authenticate)
+        responses = FaceHandler(ResponsesFace(state), chat, authenticate)
+        embeddings = EmbeddingsHandler(state, *hot)
         # A trailing slash is served, not redirected: clients do not repeat a POST body after a redirect. Without
         # "/v1" too, as LiteLLM serves them: clients given a base URL without it call these paths.
-        served = {"/v1/chat/completions": chat, "/v1/completions": completions}
+        served = {
+            "/v1/chat/completions": chat,
+            "/v1/completions": completions,
+            "/v1/messages": messages,
+            "/v1/responses": responses,
+            "/v1/embeddings": embeddings,
+        }
         self._hot = {
             alias + slash: handler
             for path, handler in served.items()
@@ -328,6 +343,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
 
     app.include_router(admin_router(state))
     app.include_router(spend_router(state))
+    app.include_router(keys_router(state))
     app.include_router(capacity_router(state))
     app.include_router(dashboard_router(state))
     install_openapi(app)

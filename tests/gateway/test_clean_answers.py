@@ -176,7 +176,7 @@ def test_an_unknown_path_is_a_404_that_lists_what_is_served(gateway: RunningProc
         assert served in error["message"]
 
 
-@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages", "/v1/embeddings", "/embeddings", "/v1/audio/speech"])
+@pytest.mark.parametrize("path", ["/v1/moderations", "/moderations", "/v1/audio/speech", "/v1/images/generations"])
 def test_known_apis_not_served_say_so(gateway: RunningProcess, path: str) -> None:
     response = httpx.post(gateway.url + path, headers=AUTH, json={"model": "chat", "input": "hi"})
     assert response.status_code == 404
@@ -188,9 +188,9 @@ def test_known_apis_not_served_say_so(gateway: RunningProcess, path: str) -> Non
 def test_the_sdk_reads_an_unsupported_endpoint_as_not_found(gateway: RunningProcess) -> None:
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as refused:
-        client.embeddings.create(model="chat", input="hi")
+        client.moderations.create(model="chat", input="hi")
     assert refused.value.code == "unsupported_endpoint"
-    assert "embeddings" in refused.value.message
+    assert "moderations" in refused.value.message
 
 
 @pytest.mark.parametrize(
