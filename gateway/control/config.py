@@ -297,6 +297,10 @@ class PoolConfig(Strict):
         default=1000.0, gt=0, description="one replica's output tokens/s at full batch within the SLO (a load test)"
     )
     kv_events: KvEventsConfig = Field(default_factory=KvEventsConfig)
+    task: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="generate: chat and completions; embed: embeddings (SGLang --is-embedding, vLLM pooling models)",
+    )
     discovery: DiscoveryConfig | None = Field(
         default=None, description="replicas found at run time (Kubernetes pods), besides the static ones"
     )
@@ -332,6 +336,10 @@ class HostedModelConfig(Strict):
     ttft_ms: float = Field(default=500.0, gt=0, description="expected TTFT until measured")
     tpot_ms: float = Field(default=20.0, gt=0, description="expected time per output token until measured")
     timeout_s: float = Field(default=120.0, gt=0, description="longest silence from the provider")
+    task: Literal["generate", "embed"] = Field(
+        default="generate",
+        description="generate: chat and completions; embed: embeddings (SGLang --is-embedding, vLLM pooling models)",
+    )
 
 
 class SpillConfig(Strict):
@@ -542,6 +550,14 @@ class StateConfig(Strict):
     """With Redis, how often each process tells the others what it has in flight at each replica (0: never)."""
 
 
+class ResponsesConfig(Strict):
+    """Responses stored for ``previous_response_id`` (``POST /v1/responses``): per tenant, bounded, expiring; in
+    Redis when ``state.redis_url`` is set, so every gateway process sees them."""
+
+    store_ttl_s: float = Field(default=30 * 86400, gt=0, description="how long a stored response can be chained")
+    max_stored_per_tenant: int = Field(default=10000, ge=0, description="oldest dropped first; 0 stores none")
+
+
 class AuthConfig(Strict):
     required: bool = True
 
@@ -574,6 +590,7 @@ class GatewayConfig(Strict):
     capacity: CapacityConfig = CapacityConfig()
     prefix: PrefixConfig = PrefixConfig()
     state: StateConfig = StateConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     pools: list[PoolConfig] = Field(default_factory=list)
     hosted_models: list[HostedModelConfig] = Field(default_factory=list)
     routes: list[RouteConfig] = Field(min_length=1)
@@ -600,6 +617,7 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     problems += _duplicates("routes", "route name or alias", [n for r in config.routes for n in (r.name, *r.aliases)])
     problems += _duplicates("tenants", "tenant", [t.name for t in config.tenants])
     known = set(targets)
+    tasks = {p.name: p.task for p in config.pools} | {h.name: h.task for h in config.hosted_models}
     for i, route in enumerate(config.routes):
         try:
             route.replica_policy()
@@ -610,6 +628,9 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
         for j, target in enumerate(route.targets):
             if target not in known:
                 problems.append((f"routes.{i}.targets.{j}", f"unknown target {target!r}; known: {sorted(known)}"))
+        route_tasks = {tasks[t] for t in route.targets if t in tasks}
+        if len(route_tasks) > 1:
+            problems.append((f"routes.{i}.targets", "mixes embedding and generation targets (their 'task' differs)"))
     route_names = {n for r in config.routes for n in (r.name, *r.aliases)}
     pools = {p.name for p in config.pools}
     owner: dict[str, str] = {}
