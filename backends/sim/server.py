@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from spillgate.backends.sim import debug_routes, native_routes, openai_routes, vllm_face
+from spillgate.backends.sim import debug_routes, embedding_routes, native_routes, openai_routes, vllm_face
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.errors import install_error_handlers
 from spillgate.backends.sim.replica import Replica
@@ -41,6 +41,7 @@ def create_app(config: ReplicaConfig) -> FastAPI:
     app.state.stop_generation = replica.scheduler.abort_all
     install_error_handlers(app)
     app.include_router(debug_routes.router)
+    app.include_router(embedding_routes.router)
     if config.engine == "vllm":
         if config.api_key is not None:
             app.add_middleware(_ApiKey, api_key=config.api_key, guarded=vllm_face.GUARDED_PREFIXES)
