@@ -31,17 +31,18 @@ def admin_router(state: GatewayState) -> APIRouter:
         return state.live, admin
 
     @router.get("/config")
-    async def get_config(request: Request) -> dict[str, Any]:
+    async def get_config(request: Request) -> Response:
         """The running config, secrets redacted: send it back edited with ``PUT``. ``file`` compares it with the
         config file: the edits the file lacks, and a file content not applied (and why)."""
         config, _ = live(request)
-        return {
+        body = {
             "version": config.current.version,
             "config": config.current.raw,
             "file": config.file_status(),
             "warnings": config.warnings,
             "discovered": discovered(),
         }
+        return Response(orjson.dumps(body), media_type="application/json", headers={"etag": _etag(body["version"])})
 
     def discovered() -> dict[str, list[dict[str, str]]]:
         """Replicas found at run time, by pool: runtime state, never part of ``config`` or of a version."""
@@ -87,8 +88,11 @@ def admin_router(state: GatewayState) -> APIRouter:
     async def put_config(request: Request) -> Response:
         """Validate a whole config and swap it in; refused whole, every problem listed, when invalid."""
         config, admin = live(request)
+        base = _if_match(request.headers.get("if-match"))
         raw = _parse_body(await request.body(), request.headers.get("content-type", ""))
-        return await _change(config.propose(raw, f"admin:{admin.key_id}", keeping_admin=admin.digest))
+        return await _change(
+            config.propose(raw, f"admin:{admin.key_id}", keeping_admin=admin.digest, base_version=base)
+        )
 
     @router.get("/config/history")
     async def history(request: Request) -> dict[str, Any]:
@@ -113,6 +117,26 @@ def admin_router(state: GatewayState) -> APIRouter:
         return await _change(config.reload(f"admin:{admin.key_id}"))
 
     return router
+
+
+def _etag(version: int) -> str:
+    return f'"{version}"'
+
+
+def _if_match(value: str | None) -> int | None:
+    """The config version an ``If-Match`` names (``"7"``, as ``GET /admin/config`` tags it); ``*`` or no header:
+    none. Anything else is refused: a client that asks for a check must get one."""
+    if value is None or value.strip() == "*":
+        return None
+    tag = value.strip().removeprefix("W/").strip('"')
+    if not tag.isdigit() or "," in value:
+        raise ApiError(
+            400,
+            'If-Match must be one config version as GET /admin/config tags it (ETag: "7").',
+            param="If-Match",
+            code="invalid_if_match",
+        )
+    return int(tag)
 
 
 def _replica_url(url: object) -> str:

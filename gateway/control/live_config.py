@@ -200,14 +200,30 @@ class LiveConfig:
     # -- changing ----------------------------------------------------------------------------------------
 
     async def propose(
-        self, raw: object, author: str, *, keeping_admin: str | None = None, file: FileContent | None = None
+        self,
+        raw: object,
+        author: str,
+        *,
+        keeping_admin: str | None = None,
+        file: FileContent | None = None,
+        base_version: int | None = None,
     ) -> ConfigVersion:
         """Validate ``raw`` and make it the running version; :class:`ConfigError` lists every problem.
         ``file`` is the config file's content when the change is the file's; ``keeping_admin`` the digest of the
         admin key an API change was made with, which it must keep: an edit that dropped it would lock its author
-        out of the admin API, rollback included."""
+        out of the admin API, rollback included. ``base_version``: the version ``raw`` was edited from (an
+        ``If-Match``); refused with :class:`ConfigConflict` (412) when another version runs now, so an edit made on
+        a copy read earlier cannot silently undo the changes made since."""
         async with self._lock:
             await self._catch_up()
+            if base_version is not None and base_version != self.current.version:
+                raise ConfigConflict(
+                    412,
+                    f"The change was made on config version {base_version}, but version {self.current.version} "
+                    "runs now; nothing changed. GET /admin/config and send the change again on top of it.",
+                    "config_version_mismatch",
+                    "If-Match",
+                )
             try:
                 return await self._change(raw, author, keeping_admin=keeping_admin, file=file)
             except _Superseded as lost:

@@ -181,6 +181,27 @@ def test_valid_edit_routes_the_next_request_then_rolls_back(gateway: tuple[Runni
     assert httpx.post(proc.url + "/admin/config/rollback/99", headers=ADMIN).status_code == 404
 
 
+def test_an_edit_made_on_an_older_version_is_refused_when_it_names_its_base(
+    gateway: tuple[RunningProcess, Path],
+) -> None:
+    proc, _ = gateway
+    read = httpx.get(proc.url + "/admin/config", headers=ADMIN)
+    assert read.headers["etag"] == '"1"'
+    mine = copy.deepcopy(read.json()["config"])
+    theirs = copy.deepcopy(mine)
+    theirs["routes"][0]["targets"] = ["green"]
+    assert httpx.put(proc.url + "/admin/config", json=theirs, headers={**ADMIN, "if-match": '"1"'}).status_code == 200
+    mine["routes"][0]["policy"] = "round_robin"
+    stale = httpx.put(proc.url + "/admin/config", json=mine, headers={**ADMIN, "if-match": read.headers["etag"]})
+    assert stale.status_code == 412, stale.text
+    assert stale.json()["error"]["code"] == "config_version_mismatch"
+    assert "version 2 runs now" in stale.json()["error"]["message"]
+    assert current(proc)["version"] == 2 and backend_of(proc) == "green-0"
+    garbled = httpx.put(proc.url + "/admin/config", json=mine, headers={**ADMIN, "if-match": "yesterday"})
+    assert garbled.status_code == 400 and garbled.json()["error"]["param"] == "If-Match"
+    assert current(proc)["version"] == 2
+
+
 def test_a_live_edit_tunes_the_affinity_guard_of_a_cache_aware_route(gateway: tuple[RunningProcess, Path]) -> None:
     proc, _ = gateway
     config = current(proc)["config"]
