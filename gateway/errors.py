@@ -50,6 +50,9 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 SERVED = (
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/responses",
+    "POST /v1/messages",
+    "POST /v1/embeddings",
     "GET /v1/models",
     "GET /v1/models/{model}",
     "GET /v1/spend",
@@ -58,13 +61,10 @@ SERVED = (
     "GET /ready",
     "GET /openapi.json",
 )
-"""What a client may call, named in every unknown-path answer (the ``/v1`` prefix is optional on the first four;
+"""What a client may call, named in every unknown-path answer (the ``/v1`` prefix is optional on the first seven;
 the admin API and the dashboard are in ``/openapi.json``)."""
 
 _NOT_YET = {
-    "/v1/responses": "OpenAI's Responses API",
-    "/v1/messages": "Anthropic's Messages API",
-    "/v1/embeddings": "embeddings",
     "/v1/moderations": "moderations",
     "/v1/audio": "audio",
     "/v1/images": "images",
