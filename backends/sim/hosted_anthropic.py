@@ -6,7 +6,17 @@ Shapes follow Anthropic's Messages API as litellm's Anthropic handler parses it
 ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta`` (``text_delta``) ...,
 ``content_block_stop``, ``message_delta`` (``stop_reason``, cumulative ``usage.output_tokens``),
 ``message_stop``, each as ``event: NAME`` + ``data: JSON``. Errors are ``{"type": "error", "error":
-{"type", "message"}}``. Only text is generated; tools are accepted and rendered into the prompt.
+{"type", "message"}}``.
+
+Tools: with ``tools`` and a ``tool_choice`` of ``any`` or ``tool`` the answer is a ``tool_use`` block; with
+``auto`` (or none) too, unless the last turn carries a ``tool_result`` (then the answer is text), so a client's
+tool round trip runs end to end. The tool's ``input`` fills each property of its ``input_schema`` from the
+generated text; streamed, it arrives as ``input_json_delta`` events.
+
+Prompt caching: prefixes of long prompts are read from the cache as today (``cache_read_input_tokens``); a
+request that marks a block with ``cache_control`` also writes the rest of its full cache blocks, reported as
+``cache_creation_input_tokens``, and ``input_tokens`` counts only what was neither read nor written, as Anthropic
+counts it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import StreamingResponse
 
 from spillgate.backends.sim.generation import OutputPlan
+from spillgate.backends.sim.hosted_cache import BLOCK_TOKENS
 from spillgate.backends.sim.hosted_faults import Fault
 from spillgate.backends.sim.hosted_model import SimHostedModel, key_accepted
 from spillgate.backends.sim.wire import OrjsonResponse
@@ -47,6 +58,7 @@ class MessagesRequest(_Body):
     system: str | list[dict[str, Any]] | None = None
     stream: bool = False
     tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
 
 
@@ -94,6 +106,71 @@ def _stop_reason(plan: OutputPlan) -> str:
     return "end_turn" if plan.stops else "max_tokens"
 
 
+def _called_tool(body: MessagesRequest) -> dict[str, Any] | None:
+    """The tool the simulated model calls, or None for a text answer."""
+    tools = [tool for tool in body.tools or () if isinstance(tool.get("name"), str)]
+    choice = (body.tool_choice or {}).get("type", "auto")
+    if not tools or choice == "none":
+        return None
+    if choice == "tool":
+        name = (body.tool_choice or {}).get("name")
+        return next((tool for tool in tools if tool["name"] == name), None)
+    if choice == "auto":
+        last = body.messages[-1].content
+        if isinstance(last, list) and any(block.get("type") == "tool_result" for block in last):
+            return None  # the tool answered: the model answers in text
+    return tools[0]
+
+
+def _tool_input(tool: dict[str, Any], text: str) -> dict[str, Any]:
+    """A value of each property's type in the tool's ``input_schema``: strings are the generated text."""
+    schema = tool.get("input_schema") or {}
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    values: dict[str, Any] = {}
+    for name, spec in (properties or {}).items():
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
+            values[name] = spec["enum"][0]
+        elif kind in ("integer", "number"):
+            values[name] = len(text) % 100
+        elif kind == "boolean":
+            values[name] = True
+        elif kind == "array":
+            values[name] = []
+        elif kind == "object":
+            values[name] = {}
+        else:
+            values[name] = text.strip() or "sim"
+    return values
+
+
+def _tool_use_id() -> str:
+    return f"toolu_sim{uuid.uuid4().hex[:20]}"
+
+
+def _asks_caching(body: MessagesRequest) -> bool:
+    """Whether any block (system, tools, messages) carries ``cache_control``."""
+    blocks: list[Any] = list(body.system) if isinstance(body.system, list) else []
+    blocks += body.tools or []
+    for message in body.messages:
+        if isinstance(message.content, list):
+            blocks += message.content
+    return any(isinstance(block, dict) and block.get("cache_control") for block in blocks)
+
+
+def _prompt_usage(model: SimHostedModel, prompt_ids: list[int], caching: bool) -> dict[str, int]:
+    """Anthropic's input counts: read from the cache, written to it (only when asked), and the rest."""
+    read = model.cache.match_and_insert(prompt_ids)
+    written = 0
+    if caching and len(prompt_ids) >= model.config.prompt_cache_min_tokens:
+        written = max(len(prompt_ids) // BLOCK_TOKENS * BLOCK_TOKENS - read, 0)
+    return {
+        "input_tokens": len(prompt_ids) - read - written,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+    }
+
+
 def _event(payload: dict[str, Any]) -> bytes:
     """One server-sent event, named after its payload's ``type`` as Anthropic names them."""
     return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
@@ -138,13 +215,10 @@ def add_anthropic_routes(app: FastAPI, model: SimHostedModel) -> None:
         if failed is not None:
             return failed
         prompt_ids = model.template.render(_chat_messages(body), body.tools)
-        cached = model.cache.match_and_insert(prompt_ids)
+        usage_in = _prompt_usage(model, prompt_ids, _asks_caching(body))
         seed, plan = model.plan(prompt_ids, body.max_tokens, None)
-        usage_in = {
-            "input_tokens": len(prompt_ids) - cached,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached,
-        }
+        tool = _called_tool(body)
+        stop_reason = "tool_use" if tool is not None else _stop_reason(plan)
         head = {"id": f"msg_sim{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": body.model}
         headers = {"request-id": _request_id()}
 
@@ -155,10 +229,21 @@ def add_anthropic_routes(app: FastAPI, model: SimHostedModel) -> None:
                     await model.stall()
                     return _error(500, "api_error", "Internal server error")
                 return Response(MALFORMED_BODY, media_type="application/json", headers=headers)
+            text = model.tokenizer.decode(ids)
+            if tool is not None:
+                call = {
+                    "type": "tool_use",
+                    "id": _tool_use_id(),
+                    "name": tool["name"],
+                    "input": _tool_input(tool, text),
+                }
+                content = [call]
+            else:
+                content = [{"type": "text", "text": text}]
             message = {
                 **head,
-                "content": [{"type": "text", "text": model.tokenizer.decode(ids)}],
-                "stop_reason": _stop_reason(plan),
+                "content": content,
+                "stop_reason": stop_reason,
                 "stop_sequence": None,
                 "usage": {**usage_in, "output_tokens": len(ids)},
             }
@@ -168,15 +253,26 @@ def add_anthropic_routes(app: FastAPI, model: SimHostedModel) -> None:
             usage = {**usage_in, "output_tokens": 1}
             start = {**head, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
             yield _event({"type": "message_start", "message": start})
-            block = {"type": "text", "text": ""}
+            if tool is not None:
+                block = {"type": "tool_use", "id": _tool_use_id(), "name": tool["name"], "input": {}}
+            else:
+                block = {"type": "text", "text": ""}
             yield _event({"type": "content_block_start", "index": 0, "content_block": block})
             yield _event({"type": "ping"})
             produced = 0
+            ids: list[int] = []
             async for token in model.tokens(seed, plan, fault.cut_after):
                 produced += 1
+                ids.append(token)
                 text = model.tokenizer.decode([token])
-                if text:
+                if text and tool is None:
                     delta = {"type": "text_delta", "text": text}
+                    yield _event({"type": "content_block_delta", "index": 0, "delta": delta})
+            if tool is not None and fault.cut_after is None:
+                arguments = orjson.dumps(_tool_input(tool, model.tokenizer.decode(ids))).decode()
+                half = len(arguments) // 2
+                for piece in (arguments[:half], arguments[half:]):
+                    delta = {"type": "input_json_delta", "partial_json": piece}
                     yield _event({"type": "content_block_delta", "index": 0, "delta": delta})
             if fault.cut_after is not None:
                 if fault.stall:
@@ -185,7 +281,7 @@ def add_anthropic_routes(app: FastAPI, model: SimHostedModel) -> None:
                     yield MALFORMED_EVENT
                 return
             yield _event({"type": "content_block_stop", "index": 0})
-            delta = {"stop_reason": _stop_reason(plan), "stop_sequence": None}
+            delta = {"stop_reason": stop_reason, "stop_sequence": None}
             yield _event({"type": "message_delta", "delta": delta, "usage": {"output_tokens": produced}})
             yield _event({"type": "message_stop"})
 

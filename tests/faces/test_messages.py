@@ -169,3 +169,55 @@ def test_missing_max_tokens_through_the_sdk(client: anthropic.Anthropic) -> None
         # The SDK insists on max_tokens; NOT_GIVEN leaves it out of the body, as another client might.
         client.messages.create(model="chat", messages=HELLO, max_tokens=anthropic.NOT_GIVEN, timeout=30)  # type: ignore[arg-type]
     assert "max_tokens" in caught.value.body["error"]["message"]
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city, for the next few days.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_tool_use_round_trip(client: anthropic.Anthropic) -> None:
+    """On the hosted route: the simulated replica does not call tools, the simulated Anthropic model does."""
+    first = client.messages.create(model="claude", max_tokens=8, tools=[WEATHER], messages=ASK_WEATHER)
+    assert first.stop_reason == "tool_use"
+    call = first.content[-1]
+    assert call.type == "tool_use" and call.name == "get_weather" and call.id
+    assert set(call.input) == {"city", "days"} and isinstance(call.input["days"], int)
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees and sunny all week long."}
+    conversation = [
+        *ASK_WEATHER,
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [result]},
+    ]
+    second = client.messages.create(model="claude", max_tokens=5, tools=[WEATHER], messages=conversation)
+    assert second.stop_reason == "max_tokens"
+    assert [block.type for block in second.content] == ["text"] and second.content[0].text.strip()
+    assert prompt_tokens(second.usage) > prompt_tokens(first.usage) + 10  # the call and its result were sent
+
+
+def test_a_streamed_tool_call(client: anthropic.Anthropic) -> None:
+    chosen = {"type": "tool", "name": "get_weather"}
+    with client.messages.stream(
+        model="claude", max_tokens=6, tools=[WEATHER], tool_choice=chosen, messages=HELLO
+    ) as stream:
+        events = list(stream)
+        message = stream.get_final_message()
+    deltas = [event.delta for event in events if event.type == "content_block_delta"]
+    assert deltas and all(delta.type == "input_json_delta" for delta in deltas)
+    assert message.stop_reason == "tool_use" and [block.type for block in message.content] == ["tool_use"]
+    assert message.content[0].name == "get_weather" and set(message.content[0].input) == {"city", "days"}
+    assert message.usage.output_tokens == 6
+
+
+def test_tool_choice_none_answers_in_text(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(
+        model="claude", max_tokens=4, tools=[WEATHER], tool_choice={"type": "none"}, messages=ASK_WEATHER
+    )
+    assert [block.type for block in message.content] == ["text"] and message.stop_reason == "max_tokens"
