@@ -3,14 +3,18 @@ lookup's timing says nothing about which keys exist."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
+import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from spillgate.gateway.accounting import UNLIMITED, TenantLimits
 from spillgate.gateway.control.config import AdminConfig, ConfigError, TenantConfig
 from spillgate.gateway.control.secrets import MissingSecret, resolve_secret
 from spillgate.gateway.errors import ApiError
+from spillgate.gateway.tenancy.managed_keys import SECRET_PREFIX, KeyStoreUnavailable, ManagedKey
 
 ANONYMOUS = "anonymous"
 _SALT_SEPARATOR = "|"
@@ -91,6 +95,17 @@ def _bearer(authorization: str | None) -> str | None:
 
 
 _INVALID_KEY = "Invalid or missing API key. Pass it as 'Authorization: Bearer <key>'."
+_KEY_STORE_DOWN = "API keys made through /admin/keys cannot be checked now (their store is unreachable). Retry later."
+
+
+class ManagedKeyLookup(Protocol):
+    """The keys made through ``/admin/keys`` (:class:`~.managed_keys_service.ManagedKeys`)."""
+
+    def find(self, digest: str, now: float) -> ManagedKey | None:
+        """The usable key with this digest; raises :class:`KeyStoreUnavailable` when it may not be trusted now."""
+        ...
+
+    def knows(self, digest: str) -> bool: ...
 
 
 class TenantDirectory:
@@ -129,17 +144,53 @@ class TenantDirectory:
         if problems:
             raise ConfigError.listing(problems)
         self._anonymous = Tenant(ANONYMOUS, frozenset({"*"}))
+        self.managed: ManagedKeyLookup | None = None
+        """The keys made through the admin API; the config's keys are looked up first."""
+        self._keyed: dict[str, tuple[ManagedKey, Tenant]] = {}
+
+    def config_key(self, digest: str) -> bool:
+        """A key of the config file (a tenant's or an admin's): no managed key may have its digest."""
+        return digest in self._by_digest or digest in self._admins
 
     def authenticate(self, authorization: str | None) -> Tenant:
-        """The tenant for an ``Authorization`` header; 401 alike for a missing, malformed or unknown key."""
+        """The tenant for an ``Authorization`` header; 401 alike for a missing, malformed, unknown, revoked or
+        expired key."""
         key = _bearer(authorization)
         if key is not None:
-            tenant = self._by_digest.get(key_digest(key))
+            digest = key_digest(key)
+            tenant = self._by_digest.get(digest)
             if tenant is not None:
                 return tenant
+            if self.managed is not None and key.startswith(SECRET_PREFIX):
+                tenant = self._managed_tenant(digest)
+                if tenant is not None:
+                    return tenant
+                if self.managed.knows(digest):  # revoked or expired: never anonymous
+                    raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
         if not self._required:
             return self._anonymous
         raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
+
+    def _managed_tenant(self, digest: str) -> Tenant | None:
+        """The tenant of a usable managed key: its tenant's own object, or (for a key with limits of its own)
+        a copy carrying them, made once per key and config version."""
+        assert self.managed is not None
+        try:
+            record = self.managed.find(digest, time.time())
+        except KeyStoreUnavailable:
+            raise ApiError(503, _KEY_STORE_DOWN, code="key_store_unavailable") from None
+        if record is None:
+            return None
+        tenant = self.by_name.get(record.tenant)
+        if tenant is None or record.limits.unlimited:
+            return tenant  # a tenant the config no longer has: its keys are unknown keys
+        cached = self._keyed.get(record.id)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        limits = dataclasses.replace(tenant.limits, key_id=record.id, key_limits=record.limits.as_tenant_limits())
+        keyed = dataclasses.replace(tenant, limits=limits)
+        self._keyed[record.id] = (record, keyed)
+        return keyed
 
     def authenticate_any(self, authorization: str | None) -> Tenant | Admin:
         """An admin or a tenant; for the endpoints both may read (the dashboard, spend)."""
@@ -158,9 +209,17 @@ class TenantDirectory:
         admin = self._admins.get(digest)
         if admin is not None:
             return admin
-        if digest in self._by_digest:
+        if digest in self._by_digest or (key is not None and self._is_managed(key, digest)):
             raise ApiError(403, "This endpoint needs an admin key.", code="admin_key_required")
         raise ApiError(401, _INVALID_KEY, code="invalid_api_key")
+
+    def _is_managed(self, key: str, digest: str) -> bool:
+        if self.managed is None or not key.startswith(SECRET_PREFIX):
+            return False
+        try:
+            return self.managed.find(digest, time.time()) is not None
+        except KeyStoreUnavailable:
+            return False
 
 
 def _digest_or_problem(spec: str, where: str, problems: list[tuple[str, str]]) -> str:
