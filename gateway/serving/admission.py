@@ -1,9 +1,11 @@
-"""Admitting a generation request: what the tenant asks for, may they, where it goes, and what it may cost.
+"""Admitting a generation or embeddings request: what the tenant asks for, may they, where it goes, and what it
+may cost.
 
 Everything here happens before a backend is sent a byte: parse and check the body, resolve the route, read
 the prompt's prefix against each candidate's cache, let the route's policy decide (:mod:`policies`), and hold
 the request's worst case against the tenant's limits. Any refusal is an :class:`~gateway.errors.ApiError` in
-OpenAI's shape.
+OpenAI's shape. A route serves one task (its targets' ``task``): generation requests to an embeddings route, and
+embeddings requests to a generation route, are refused naming ``model``.
 """
 
 from __future__ import annotations
@@ -12,13 +14,22 @@ import math
 import time
 from dataclasses import dataclass, replace
 
+import orjson
+import xxhash
+
 from spillgate.gateway.accounting import QuotaExceeded, Reservation
 from spillgate.gateway.control.routes import Route
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.exchange import Attempt
 from spillgate.gateway.serving.rate_headers import rate_limit_headers
-from spillgate.gateway.serving.validation import ParsedRequest, parse_chat_request, parse_completion_request
+from spillgate.gateway.serving.route_tasks import RouteTasks, wrong_task
+from spillgate.gateway.serving.validation import (
+    ParsedRequest,
+    parse_chat_request,
+    parse_completion_request,
+    parse_embedding_request,
+)
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Tenant
 from spillgate.policies.types import Decision, NoCandidate, OverCapacity, RouteRequest, Unservable
@@ -42,13 +53,21 @@ class Admitted:
 
 
 class Admission:
-    """Admits requests to one endpoint (chat or plain completions)."""
+    """Admits requests to one endpoint (chat, plain completions, or with ``embeddings`` the embeddings)."""
 
-    def __init__(self, state: GatewayState, tracing: Tracing, *, chat: bool) -> None:
+    def __init__(self, state: GatewayState, tracing: Tracing, *, chat: bool, embeddings: bool = False) -> None:
         self._state = state
         self._tracing = tracing
         self._chat = chat
-        self._parse = parse_chat_request if chat else parse_completion_request
+        self._embeddings = embeddings
+        self._hosted_serve = chat or embeddings
+        """Whether hosted models take this endpoint: chat through litellm's chat client, embeddings its embedding
+        one; plain completions they do not."""
+        if embeddings:
+            self._parse = parse_embedding_request
+        else:
+            self._parse = parse_chat_request if chat else parse_completion_request
+        self._tasks = RouteTasks()
 
     async def admit(self, tenant: Tenant, body: bytes, attempt: Attempt) -> Admitted:
         parsed, request, route, targets = self._resolve(tenant, body, attempt)
@@ -72,13 +91,20 @@ class Admission:
             raise ApiError(
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
+        if self._tasks.embeds(self._state, route.name) != self._embeddings:
+            raise wrong_task(parsed.model, embeddings_route=not self._embeddings)
         attempt.route = route.name
         attempt.reference_price = route.reference_price
         attempt.tenant = tenant
         attempt.stream = parsed.stream
         targets = route.targets_for(tenant.name)
-        if route.policy.uses_prefix:
+        prefix_key = 0
+        if self._embeddings:
+            # No prefix to match: a prefix policy routes an input by its hash (consistent_hash) or by load.
+            prefix_key = input_key(parsed) if route.policy.uses_prefix else 0
+        elif route.policy.uses_prefix:
             parsed = self._match_prefix(parsed, targets, tenant, attempt)
+            prefix_key = attempt.fingerprint.prefix_key if attempt.fingerprint else 0
         request = RouteRequest(
             tenant=tenant.name,
             route=route.name,
@@ -86,13 +112,13 @@ class Admission:
             max_tokens=parsed.max_tokens,
             stream=parsed.stream,
             sequence=route.next_sequence(),
-            prefix_key=attempt.fingerprint.prefix_key if attempt.fingerprint else 0,
-            required_tier=self._required_tier(parsed, route),
+            prefix_key=prefix_key,
+            required_tier=0 if self._embeddings else self._required_tier(parsed, route),
             ttft_slo_s=tenant.ttft_slo_s,
             tpot_slo_s=tenant.tpot_slo_s,
             self_hosted_only=tenant.self_hosted_only,
             spilling=route.spilling,
-            chat=self._chat,
+            chat=self._hosted_serve,
             priority=_PRIORITIES[tenant.priority],
         )
         return parsed, request, route, targets
@@ -145,7 +171,7 @@ class Admission:
             # Nothing to reserve, but a stream cut off before its usage came is booked at this worst case.
             attempt.worst_case_usd = self._worst_case(parsed, decision)[1]
             return decision, None
-        if not parsed.max_tokens:
+        if not parsed.max_tokens and not self._embeddings:
             # The worst case must be bounded to be reserved: cap the output at the gateway's limit.
             parsed.payload["max_tokens"] = self._state.config.limits.max_tokens
         try:
@@ -186,7 +212,7 @@ class Admission:
     def _worst_case(self, parsed: ParsedRequest, decision: Decision) -> tuple[int, float]:
         """Tokens and dollars the request can cost at most, on whichever of its candidates it may end up."""
         registry = self._state.registry
-        output = (parsed.max_tokens or self._state.config.limits.max_tokens) * parsed.choices
+        output = 0 if self._embeddings else (parsed.max_tokens or self._state.config.limits.max_tokens) * parsed.choices
         prompt = max(parsed.prompt_tokens, parsed.body_bytes)
         usd = max(
             (prompt * b.usd_per_mtok_in + output * b.usd_per_mtok_out) / 1e6
@@ -225,6 +251,11 @@ class Admission:
             name: min(blocks * per_block, parsed.prompt_tokens) for name, blocks in attempt.matched_blocks.items()
         }
         return parsed
+
+
+def input_key(parsed: ParsedRequest) -> int:
+    """A hash of an embeddings request's ``input``: what a prefix-affine policy hashes in place of a prefix."""
+    return xxhash.xxh3_64_intdigest(orjson.dumps(parsed.payload.get("input")))
 
 
 def _quota_error(refused: QuotaExceeded) -> ApiError:

@@ -1,5 +1,6 @@
 """Serving a request on a hosted model, relayed in OpenAI's format whatever the provider: through litellm, or
-straight for the streams of OpenAI-compatible providers (:mod:`backends.hosted.direct`).
+straight for the streams of OpenAI-compatible providers (:mod:`backends.hosted.direct`); embeddings through
+litellm's ``aembedding`` (:mod:`backends.hosted.embeddings`).
 
 One implementation of :class:`~gateway.serving.upstream.Upstream`. A failure before the client saw a byte becomes
 :class:`~gateway.serving.exchange.TryElsewhere`, so the gateway can fall back to another candidate (replicas or
@@ -83,6 +84,35 @@ class HostedUpstream:
             return "ok"
         finally:
             await result.aclose()
+
+
+class HostedEmbeddingsUpstream:
+    """Every hosted embeddings model of the config, by backend name, through litellm's ``aembedding``."""
+
+    follows_prefill = False
+
+    def __init__(self, models: Callable[[], Mapping[str, HostedModel]]) -> None:
+        self._models = models
+
+    async def serve(self, call: UpstreamCall) -> str:
+        from spillgate.backends.hosted.embeddings import embed  # imports litellm: loaded at start-up by build_state
+
+        attempt, ticket = call.attempt, call.ticket
+        name = ticket.backend.name
+        try:
+            trace = {key.decode(): value.decode() for key, value in attempt.upstream_trace}
+            result = await embed(self._models()[name], call.parsed.payload, headers=trace)
+        except HostedError as exc:
+            raise _try_elsewhere(exc, name) from None
+        attempt.first_token_at = ticket.first_token()
+        prompt = result.prompt_tokens
+        attempt.usage = (
+            None if prompt is None else {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+        )
+        attempt.cost_usd = result.cost_usd
+        ticket.reported(attempt.usage)
+        await send_answer(call.send, attempt, 200, JSON_HEADERS, result.body)
+        return "ok"
 
 
 _CREDENTIALS_REFUSED = (401, 402, 403)

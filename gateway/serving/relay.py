@@ -73,6 +73,43 @@ async def relay_whole(call: UpstreamCall, response: Response, failed: OnFailure,
     return "ok"
 
 
+async def relay_embeddings(call: UpstreamCall, response: Response, failed: OnFailure, answered: OnAnswer) -> str:
+    """Read a whole embeddings answer and relay it as it came, if it is one (a ``data`` list): else the backend
+    failed, and another candidate may take the request. Its usage is booked with no output tokens."""
+    try:
+        body = await response.read()
+    except HttpError as exc:
+        raise TryElsewhere(failed(exc), retryable=True) from None
+    answer = _embeddings_of(body)
+    if answer is None:
+        raise TryElsewhere(failed(f"a {response.status} body that is not embeddings: {body[:40]!r}"), retryable=True)
+    attempt = call.attempt
+    attempt.first_token_at = call.ticket.first_token()
+    attempt.usage = embedding_usage(answer.get("usage"))
+    call.ticket.reported(attempt.usage)
+    answered()
+    await send_answer(call.send, attempt, response.status, JSON_HEADERS, body)
+    return "ok"
+
+
+def embedding_usage(usage: object) -> dict[str, Any] | None:
+    """An embeddings answer's usage as the books read a completion's: its prompt tokens, no output."""
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        return None
+    prompt = usage["prompt_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
+
+
+def _embeddings_of(body: bytes) -> dict[str, Any] | None:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("data"), list):
+        return None
+    return parsed
+
+
 async def relay_stream(call: UpstreamCall, response: Response, failed: OnFailure, answered: OnAnswer) -> str:
     """Relay event by event, each checked (:mod:`gateway.serving.sse`); the usage chunk is kept from a client
     that did not ask for it."""

@@ -8,17 +8,18 @@ away cancels the task, which closes the upstream connection and so aborts the ge
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from spillgate.backends.backend import Backend
-from spillgate.backends.http1 import Http1Client, HttpError
+from spillgate.backends.http1 import Http1Client, HttpError, Response
 from spillgate.backends.registry import BackendRegistry
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.observability.metrics import GatewayMetrics
 from spillgate.gateway.serving.exchange import TryElsewhere
-from spillgate.gateway.serving.relay import Failure, relay_client_error, relay_stream, relay_whole
+from spillgate.gateway.serving.relay import Failure, OnAnswer, OnFailure, relay_client_error, relay_stream, relay_whole
 from spillgate.gateway.serving.upstream import UpstreamCall
 from spillgate.gateway.tenancy.tenants import Tenant
 
@@ -33,15 +34,26 @@ _FAILURES = {
 """What a client is told; which replica failed, and how, goes to the log (replica names are internal)."""
 
 
+WholeRelay = Callable[[UpstreamCall, Response, OnFailure, OnAnswer], Awaitable[str]]
+
+
 class ReplicaUpstream:
     """The replicas of every pool, reached through the gateway's own HTTP/1.1 client."""
 
     follows_prefill = True
 
-    def __init__(self, client: Http1Client, registry: BackendRegistry, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        client: Http1Client,
+        registry: BackendRegistry,
+        metrics: GatewayMetrics,
+        whole: WholeRelay = relay_whole,
+    ) -> None:
         self._client = client
         self._registry = registry
         self._metrics = metrics
+        self._whole = whole
+        """How a whole answer is checked and relayed: a completion's, or (for ``/v1/embeddings``) embeddings'."""
 
     async def serve(self, call: UpstreamCall) -> str:
         backend = call.ticket.backend
@@ -93,7 +105,7 @@ class ReplicaUpstream:
             def answered() -> None:
                 self._registry.request_succeeded(backend)
 
-            relay = relay_stream if parsed.stream else relay_whole
+            relay = relay_stream if parsed.stream else self._whole
             return await relay(call, response, failed, answered)
         finally:
             response.close()

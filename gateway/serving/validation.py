@@ -92,6 +92,49 @@ def parse_completion_request(body: bytes, limits: LimitsConfig) -> ParsedRequest
     return _common(payload, limits, _prompt_chars(payload["prompt"]), len(body), "max_tokens")
 
 
+_ENCODINGS = ("float", "base64")
+
+
+def parse_embedding_request(body: bytes, limits: LimitsConfig) -> ParsedRequest:
+    """An embeddings body: ``input`` as OpenAI takes it (a string, strings, token ids, lists of token ids), never
+    streamed, nothing generated. Its prompt tokens are estimated as a completion's."""
+    payload = parse_json_object(body)
+    if "input" not in payload:
+        raise _invalid("input", "'input' is required.", code="missing_required_parameter")
+    chars = _input_chars(payload["input"])
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model", "'model' must be a non-empty string naming a route.")
+    if payload.get("stream") not in (None, False):
+        raise _invalid("stream", "Embeddings are not streamed: leave 'stream' out.")
+    encoding = payload.get("encoding_format")
+    if encoding is not None and encoding not in _ENCODINGS:
+        raise _invalid("encoding_format", f"'encoding_format' must be one of {', '.join(_ENCODINGS)}.")
+    dimensions = payload.get("dimensions")
+    if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1):
+        raise _invalid("dimensions", "'dimensions' must be a positive integer.")
+    return ParsedRequest(
+        payload=payload,
+        model=model,
+        stream=False,
+        include_usage=False,
+        max_tokens=0,
+        prompt_tokens=chars // CHARS_PER_TOKEN + 1,
+        body_bytes=len(body),
+        user=_user(payload.get("user")),
+    )
+
+
+def _input_chars(value: object) -> int:
+    """``input``'s length in characters (a token id counting as a token's worth), or a 422 naming it."""
+    try:
+        return _prompt_chars(value)
+    except ApiError:
+        raise _invalid(
+            "input", "'input' must be a string, an array of strings, an array of token ids, or an array of such arrays."
+        ) from None
+
+
 def _common(
     payload: dict[str, Any], limits: LimitsConfig, chars: int, body_bytes: int, *token_fields: str
 ) -> ParsedRequest:
@@ -136,13 +179,7 @@ def _common(
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limits.max_choices:
             raise _invalid(name, f"'{name}' must be an integer from 1 to {limits.max_choices}.")
         choices = max(choices, value)
-    user = payload.get("user")
-    if user is None:
-        user = ""
-    elif not isinstance(user, str):
-        raise _invalid("user", "'user' must be a string identifying your end user.")
-    elif len(user) > MAX_USER_CHARS:
-        raise _invalid("user", f"'user' is {len(user)} characters long; at most {MAX_USER_CHARS} are allowed.")
+    user = _user(payload.get("user"))
     return ParsedRequest(
         payload=payload,
         model=model,
@@ -154,6 +191,17 @@ def _common(
         body_bytes=body_bytes,
         user=user,
     )
+
+
+def _user(user: object) -> str:
+    """OpenAI's ``user``, checked: a string of at most :data:`MAX_USER_CHARS`; empty when not sent."""
+    if user is None:
+        return ""
+    if not isinstance(user, str):
+        raise _invalid("user", "'user' must be a string identifying your end user.")
+    if len(user) > MAX_USER_CHARS:
+        raise _invalid("user", f"'user' is {len(user)} characters long; at most {MAX_USER_CHARS} are allowed.")
+    return user
 
 
 _RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
