@@ -249,6 +249,8 @@ class LiveConfig:
         file_sha = file.sha if file is not None else self._file_sha
         file_raw = None if file is not None else self._file_raw
         version = new_version(number, author, redact(raw), self.current.raw, file_sha, file_raw)
+        if file is None:  # kept before it is published: a worker sharing the data directory adopting it finds them
+            self._kept_keys.keep(known_keys(raw), self._file_keys)
         winner = await self._publish(version)
         if winner is not None:
             log.warning(
@@ -690,7 +692,7 @@ class LiveConfig:
         fleet = ConfigVersion.from_json(text.decode() if isinstance(text, bytes) else text)
         # Start-up settings belong to each process (its own listen address and data directory).
         local = {key: self._running_raw[key] for key in RESTART_ONLY if key in self._running_raw}
-        restored, secret_problems = self._unredact(shared(fleet.raw))
+        restored, secret_problems = self._unredact(shared(fleet.raw), self._secrets | self._kept_keys.refreshed())
         raw = restored | local
         try:
             config = check_edit(raw, self._rules, secret_problems=secret_problems, keeping_admin=None)

@@ -48,6 +48,7 @@ def workers_config(data_dir: Path) -> dict[str, Any]:
         "admin": {"keys": [ADMIN_KEY]},
         "limits": {"max_connections_per_client": 0},
         "state": {"data_dir": str(data_dir)},
+        "secrets": {"upstream_hosts": ["127.0.0.1"]},  # an admin edit may add a provider on this machine
     }
 
 
@@ -201,3 +202,46 @@ def test_a_worker_that_dies_is_replaced(two_workers: RunningProcess) -> None:
         return victim not in serving and len(serving) == 2 and serving <= set(child_pids(gateway.pid))
 
     eventually(replaced, timeout=90)
+
+
+def test_a_provider_key_sent_to_one_worker_serves_on_both(two_workers: RunningProcess, tmp_path: Path) -> None:
+    """A literal key in an admin edit is stored redacted in the shared version; the worker that did not receive it
+    finds it in the data directory the two share, so both run the version."""
+    gateway = two_workers
+    port = free_port()
+    provider_key = "sk-sent-through-the-api"
+    args = ["sim-hosted", "--port", str(port), "--model-name", "second", "--api-key", provider_key]
+    provider = start_spillgate([*args, "--ttft-ms", "5", "--tpot-ms", "1"], port=port, log_dir=tmp_path)
+    try:
+        config = httpx.get(gateway.url + "/admin/config", headers=ADMIN).json()["config"]
+        second = {"name": "second", "model": "openai/second", "api_base": f"{provider.url}/v1", **PRICES}
+        config["hosted_models"].append({**second, "api_key": provider_key})
+        config["routes"].append({"name": "second", "targets": ["second"]})
+        config["tenants"][1]["routes"].append("second")
+        answer = httpx.put(gateway.url + "/admin/config", json=config, headers=ADMIN, timeout=30)
+        assert answer.status_code == 200, answer.text
+        version = answer.json()["version"]
+
+        def both_run_it() -> bool:
+            seen: dict[int, int] = {}
+            for _ in range(100):
+                reply = health(gateway)
+                seen[reply["pid"]] = reply["config_version"]
+                if len(seen) == 2:
+                    break
+            return len(seen) == 2 and set(seen.values()) == {version}
+
+        eventually(both_run_it)
+        served: dict[str, int] = {}
+        for index in range(12):
+            reply = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json={"model": "second", "messages": [{"role": "user", "content": f"hi {index}"}], "max_tokens": 2},
+                headers={"authorization": f"Bearer {STREAMER_KEY}"},
+                timeout=30,
+            )
+            served[str(reply.status_code)] = served.get(str(reply.status_code), 0) + 1
+        assert served == {"200": 12}, served
+        assert len(worker_pids(gateway)) == 2
+    finally:
+        provider.stop()

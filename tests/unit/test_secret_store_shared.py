@@ -36,3 +36,15 @@ def test_two_processes_writing_the_keys_file_at_once_both_succeed(tmp_path: Path
     kept = json.loads(path.read_text())  # whole: one process's last write
     assert kept and all(item["key"] == f"sk-{item['name'][-1]}-{WRITES - 1}" for item in kept)
     assert [p.name for p in tmp_path.iterdir()] == [path.name], "no staging file is left behind"
+
+
+def test_a_key_kept_by_one_process_is_neither_dropped_by_another_nor_hidden_from_it(tmp_path: Path) -> None:
+    path = tmp_path / "config-secrets.spillgate.json"
+    first, second = SecretStore(path), SecretStore(path)  # two workers, each with what it read at start
+    one = Destination("pool", ("a",), frozenset({"http://127.0.0.1:7001"}))
+    two = Destination("pool", ("b",), frozenset({"http://127.0.0.1:7002"}))
+    first.keep({("pools", "a"): (one, "sk-a")}, {})
+    second.keep({("pools", "b"): (two, "sk-b")}, {})
+    assert {item["name"]: item["key"] for item in json.loads(path.read_text())} == {"a": "sk-a", "b": "sk-b"}
+    assert first.refreshed()[("pools", "b")] == (two, "sk-b")
+    assert SecretStore(path).keys() == first.keys()
