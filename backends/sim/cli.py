@@ -70,6 +70,17 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
         help='publish KV-cache events over ZMQ, as the engine does (SGLang: \'{"publisher": "zmq", "endpoint": '
         '"tcp://*:5557", "topic": "kv"}\'; vLLM: \'{"enable_kv_cache_events": true, ...}\')',
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="parse forced tool calls into tool_calls (both engines need one: SGLang llama3, vLLM llama3_json)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM: parse tool calls (with --tool-call-parser); without both it refuses tool_choice",
+    )
     parser.set_defaults(handler=run_replica)
 
 
@@ -116,6 +127,8 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         schedule_policy=args.schedule_policy,
         engine=args.engine,
         kv_events_config=args.kv_events_config,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
     )
     try:
         config.kv_events  # noqa: B018 - parsed now, so a bad flag stops the start

@@ -44,6 +44,12 @@ class ReplicaConfig:
     """Which server's face to show: ``sglang``, or ``vllm`` (backends/sim/vllm_face.py) over the same scheduler."""
     kv_events_config: str | None = None
     """``--kv-events-config``: the JSON the engine's flag takes; without it no KV events are published."""
+    tool_call_parser: str | None = None
+    """``--tool-call-parser``: SGLang turns a forced tool call into ``tool_calls`` only with a parser named (without
+    one the call's JSON stays in ``content``); vLLM refuses every ``tool_choice`` but "none" without it and
+    ``--enable-auto-tool-choice``."""
+    enable_auto_tool_choice: bool = False
+    """vLLM's ``--enable-auto-tool-choice``: its tool parser exists only with this and ``--tool-call-parser``."""
 
     @cached_property
     def kv_events(self) -> KvEventsConfig | None:
@@ -155,6 +161,7 @@ class ReplicaConfig:
             "enable_mixed_chunk": False,
             "disaggregation_mode": "null",
             "kv_events_config": self.kv_events_config,
+            "tool_call_parser": self.tool_call_parser,
             "api_key": self.api_key,  # SGLang shows it to whoever holds it
             "weight_version": "default",
         }

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from spillgate.backends.sim.config import ReplicaConfig
-from spillgate.backends.sim.generation import TokenStream, plan_output, request_seed
+from spillgate.backends.sim.generation import TokenStream, plan_output, plan_scripted, request_seed
 from spillgate.backends.sim.kv_events import NAMESPACE_SEPARATOR
 from spillgate.backends.sim.metrics import ReplicaMetrics
 from spillgate.backends.sim.request import SimRequest
@@ -45,6 +45,11 @@ class GenerationParams:
     priority: int | None = None
     stream: bool = False
     log_metrics: bool = True
+    choice: int = 0
+    """Which of ``n`` choices this is: each gets its own seed."""
+    stop: tuple[str, ...] = ()
+    script: str | None = None
+    """The reply fixed in advance (JSON a grammar would force), instead of free words."""
 
 
 @dataclass(frozen=True)
@@ -161,14 +166,18 @@ class Engine:
     def submit(self, input_ids: list[int], params: GenerationParams) -> RequestHandle:
         """Validate and queue a request; raises ValueError (an HTTP 400) for bad input."""
         max_new_tokens = self._validate(input_ids, params.max_new_tokens)
-        seed = request_seed(input_ids, self.config.seed, params.seed)
-        plan = plan_output(seed, max_new_tokens, exact=params.exact_length)
+        seed = request_seed(input_ids, self.config.seed, params.seed, params.choice)
+        script = self.tokenizer.encode_pieces(params.script) if params.script is not None else None
+        if script is not None:
+            plan = plan_scripted(len(script), max_new_tokens)
+        else:
+            plan = plan_output(seed, max_new_tokens, exact=params.exact_length)
         req = SimRequest(
             rid=params.rid or uuid.uuid4().hex,
             input_ids=input_ids,
             max_new_tokens=max_new_tokens,
             plan=plan,
-            tokens=TokenStream(self.tokenizer, seed, plan),
+            tokens=TokenStream(self.tokenizer, seed, plan, script, params.stop),
             arrival=self.scheduler.clock.now(),
             namespace=cache_namespace(params.extra_key, params.cache_salt),
             priority=params.priority,

@@ -65,7 +65,7 @@ def _model_info(replica: Replica) -> dict[str, Any]:
         "weight_version": "default",
         "load_format": "auto",
         "reasoning_parser": None,
-        "tool_call_parser": None,
+        "tool_call_parser": config.tool_call_parser,
         "disaggregation_mode": "null",
         "has_image_understanding": False,
         "has_audio_understanding": False,

@@ -56,6 +56,12 @@ class _OpenAIRequest(_Body):
     priority: int | None = None
 
     @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple of non-empty strings."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return tuple(s for s in stop if s)
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -71,6 +77,9 @@ class ChatCompletionRequest(_OpenAIRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     input_ids: list[int] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
     @property
     def token_limit(self) -> int | None:
@@ -83,6 +92,7 @@ class CompletionRequest(_OpenAIRequest):
     echo: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
+    logprobs: int | None = None
 
     @field_validator("max_tokens")
     @classmethod

@@ -444,7 +444,10 @@ class Scheduler:
         if req.first_token_at is None:
             req.first_token_at = self._now
         req.last_token_at = self._now
-        if len(req.output_ids) >= req.plan.length:
+        if req.tokens.matched_stop is not None:
+            req.finish_reason = {"type": "stop", "matched": req.tokens.matched_stop}
+            req.finished_at = self._now
+        elif len(req.output_ids) >= req.plan.length:
             req.finish_reason = req.plan.finish_reason()
             req.finished_at = self._now
         req.notify()

@@ -95,6 +95,18 @@ class Tokenizer:
             ids.extend(piece_ids)
         return ids
 
+    def encode_pieces(self, text: str) -> list[tuple[int, str]]:
+        """``text`` as (id, text) tokens: what :meth:`encode` gives, each id with the characters it stands for, so
+        a reply fixed in advance (constrained JSON) decodes back to exactly ``text``."""
+        tokens: list[tuple[int, str]] = []
+        for piece in _PIECE.findall(text):
+            if len(piece) <= _MAX_PIECE_CHARS:
+                tokens.append((_piece_id(piece), piece))
+            else:
+                chunks = (piece[i : i + _CHUNK_CHARS] for i in range(0, len(piece), _CHUNK_CHARS))
+                tokens.extend((_piece_id(chunk), chunk) for chunk in chunks)
+        return tokens
+
     @staticmethod
     def _encode_piece(piece: str) -> tuple[int, ...]:
         if len(piece) <= _MAX_PIECE_CHARS:

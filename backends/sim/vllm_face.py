@@ -21,7 +21,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from spillgate.backends.sim.engine import GenerationParams, RequestHandle
+from spillgate.backends.sim import logprobs, vllm_payloads
+from spillgate.backends.sim.choices import Choice, close_all, merged, results, token_texts
+from spillgate.backends.sim.client_features import (
+    ChoicePlan,
+    forced_tools,
+    plan_choice,
+    vllm_parser_problem,
+    vllm_problem,
+)
+from spillgate.backends.sim.engine import GenerationParams
+from spillgate.backends.sim.generation import request_seed
+from spillgate.backends.sim.logprobs import MAX_TOP_LOGPROBS
 from spillgate.backends.sim.protocol import ChatCompletionRequest, CompletionRequest
 from spillgate.backends.sim.replica import Replica, ReplicaDep
 from spillgate.backends.sim.request import SimRequest
@@ -169,19 +180,32 @@ async def _body(request: Request) -> dict[str, Any]:
     return payload
 
 
-def _submit(replica: Replica, input_ids: list[int], body: Any, limit: int | None) -> RequestHandle:
-    params = GenerationParams(
-        max_new_tokens=limit,
-        exact_length=body.ignore_eos or limit is not None,
-        seed=body.seed,
-        cache_salt=body.cache_salt,
-        stream=body.stream,
-    )
-    return replica.engine.submit(input_ids, params)
+def _choices(
+    replica: Replica, input_ids: list[int], body: Any, limit: int | None, plans: list[ChoicePlan] | None = None
+) -> list[Choice]:
+    """One scheduled request per choice (vLLM forks the sequence ``n`` times)."""
+    n = body.n
+    choices = []
+    for index in range(n):
+        plan = plans[index] if plans else ChoicePlan()
+        params = GenerationParams(
+            max_new_tokens=limit,
+            exact_length=body.ignore_eos or limit is not None,
+            seed=body.seed,
+            cache_salt=body.cache_salt,
+            stream=body.stream,
+            choice=index,
+            stop=body.stop_strings,
+            script=plan.script,
+        )
+        choices.append(Choice(index, replica.engine.submit(input_ids, params), plan))
+    return choices
 
 
-def _usage(replica: Replica, req: SimRequest, *, chat: bool, stream: bool) -> dict[str, Any]:
-    prompt, completion = len(req.input_ids), len(req.output_ids)
+def _usage(replica: Replica, reqs: list[SimRequest], *, chat: bool, stream: bool) -> dict[str, Any]:
+    """Over ``n`` choices: the prompt once, every choice's completion."""
+    req = reqs[0]
+    prompt, completion = len(req.input_ids), sum(len(r.output_ids) for r in reqs)
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
@@ -204,52 +228,77 @@ def _finish(req: SimRequest) -> str | None:
     return req.finish_reason["type"] if req.finish_reason else None
 
 
+def _plans(replica: Replica, input_ids: list[int], body: ChatCompletionRequest) -> list[ChoicePlan] | None:
+    tools = forced_tools(body.tools, body.tool_choice)
+    if tools is None and not body.response_format:
+        return None
+    named = isinstance(body.tool_choice, dict)
+    seeds = [request_seed(input_ids, replica.config.seed, body.seed, index) for index in range(body.n)]
+    return [plan_choice(seed, tools, named, body.response_format, arguments_only=True) for seed in seeds]
+
+
+def _top_k(requested: int | None, enabled: bool) -> int | None:
+    """How many alternatives to list per token (-1: vLLM's "all", shown as the most it allows); None: no logprobs."""
+    if not enabled:
+        return None
+    requested = requested or 0
+    return MAX_TOP_LOGPROBS if requested < 0 else min(requested, MAX_TOP_LOGPROBS)
+
+
+def _chat_answer(choice: Choice, body: ChatCompletionRequest) -> dict[str, Any]:
+    """A forced call becomes ``tool_calls`` with empty content; "required" ends with "tool_calls", a named tool
+    with "stop" (``serving.py``: OpenAI's convention)."""
+    req, text = choice.req, choice.text()
+    finish_reason = vllm_payloads.finish(req)
+    calls = None
+    if choice.called() and choice.plan.call is not None:
+        calls = [vllm_payloads.tool_call(choice.plan.call.name, choice.plan.call.arguments)]
+        text = ""
+        if body.tool_choice == "required":
+            finish_reason = "tool_calls"
+    k = _top_k(body.top_logprobs, body.logprobs)
+    scores = None
+    if k is not None:
+        tokens = token_texts(req, 0, len(req.output_ids))
+        scores = vllm_payloads.chat_logprobs(choice.logprobs(tokens, 0, k))
+    return vllm_payloads.chat_choice(choice.index, req, vllm_payloads.message(text, calls), scores, finish_reason)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, replica: ReplicaDep) -> Response:
     try:
         payload = await _body(request)
+        problem = vllm_problem(payload)
+        if problem:
+            raise VllmError(problem[0], problem[1])
+        config = replica.config
+        unparsable = vllm_parser_problem(payload, config.tool_call_parser, config.enable_auto_tool_choice)
+        if unparsable:
+            raise VllmError(unparsable)
         body = ChatCompletionRequest.model_validate(payload)
         input_ids = replica.chat_template.render(
             [message.model_dump(exclude_none=True) for message in body.messages], body.tools
         )
         limit = _check(replica, payload, len(input_ids), body.token_limit)
-        handle = _submit(replica, input_ids, body, limit)
+        choices = _choices(replica, input_ids, body, limit, _plans(replica, input_ids, body))
     except VllmError as refused:
         return refused.response()
     except (ValidationError, ValueError) as exc:
         return VllmError(str(exc).splitlines()[0]).response()
     rid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
     if body.stream:
-        return EventStreamResponse(_chat_stream(replica, handle, body, rid, created), on_close=handle.close)
-    req = await handle.result(request.is_disconnected)
-    message = {
-        "role": "assistant",
-        "content": replica.tokenizer.decode(req.output_ids),
-        "refusal": None,
-        "annotations": None,
-        "audio": None,
-        "function_call": None,
-        "reasoning": None,
-    }
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": None,
-        "finish_reason": _finish(req),
-        "stop_reason": None,
-        "token_ids": None,
-        "routed_experts": None,
-    }
+        return EventStreamResponse(_chat_stream(replica, choices, body, rid, created), on_close=close_all(choices))
+    reqs = await results(choices, request.is_disconnected)
     return OrjsonResponse(
         {
             "id": rid,
             "object": "chat.completion",
             "created": created,
             "model": body.model,
-            "choices": [choice],
+            "choices": [_chat_answer(choice, body) for choice in choices],
             "service_tier": None,
             "system_fingerprint": FINGERPRINT,
-            "usage": _usage(replica, req, chat=True, stream=False),
+            "usage": _usage(replica, reqs, chat=True, stream=False),
             "prompt_logprobs": None,
             "prompt_token_ids": None,
             "prompt_text": None,
@@ -260,32 +309,74 @@ async def chat_completions(request: Request, replica: ReplicaDep) -> Response:
     )
 
 
+def _tool_delta(choice: Choice, finished: bool, named: bool) -> list[dict[str, Any]] | None:
+    """vLLM's forced-call streaming (``tool_parsers/streaming.py``): the first delta carries the id, type, name and
+    the arguments so far, later ones only new argument text (``name`` null for "required", absent for a named
+    tool)."""
+    call = choice.plan.call
+    if call is None:
+        return None
+    first = choice.call_id is None
+    arguments = choice.arguments_delta(finished)
+    if arguments is None or (not first and not arguments) or (first and not arguments and not named):
+        return None
+    if first:
+        choice.call_id = vllm_payloads.tool_call_id()
+        function = {"name": call.name, "arguments": arguments}
+        return [{"id": choice.call_id, "type": "function", "index": 0, "function": function}]
+    return [{"index": 0, "function": {"arguments": arguments} if named else {"name": None, "arguments": arguments}}]
+
+
 async def _chat_stream(
-    replica: Replica, handle: RequestHandle, body: ChatCompletionRequest, rid: str, created: int
+    replica: Replica, choices: list[Choice], body: ChatCompletionRequest, rid: str, created: int
 ) -> AsyncIterator[bytes]:
-    """vLLM sends the role chunk first and puts ``finish_reason`` on the last content chunk."""
-    req, model = handle.req, body.model
+    """vLLM sends every choice's role chunk first and puts ``finish_reason`` on a choice's last chunk."""
+    model = body.model
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    yield sse_event({**head, "choices": [first], "prompt_token_ids": None, "prompt_text": None})
-    async for update in handle.updates():
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": {"content": replica.tokenizer.decode(update.new_ids)},
-            "logprobs": None,
-            "finish_reason": _finish(req) if update.finished else None,
+    for choice in choices:
+        first = {"index": choice.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
+        first["finish_reason"] = None
+        yield sse_event({**head, "choices": [first], "prompt_token_ids": None, "prompt_text": None})
+    k = _top_k(body.top_logprobs, body.logprobs)
+    named = isinstance(body.tool_choice, dict)
+    async for choice, update in merged(choices):
+        req = choice.req
+        start = choice.tokens
+        text, tokens = choice.advance(update)
+        delta: dict[str, Any] = {"content": text}
+        if choice.plan.call is not None:
+            calls = _tool_delta(choice, update.finished, named)
+            delta = {"tool_calls": calls} if calls else {}
+            if not calls and not update.finished:
+                continue
+        scores = vllm_payloads.chat_logprobs(choice.logprobs(tokens, start, k)) if k is not None else None
+        answer: dict[str, Any] = {
+            "index": choice.index,
+            "delta": delta,
+            "logprobs": scores,
+            "finish_reason": None,
             "token_ids": None,
         }
-        chunk = {**head, "choices": [choice]}
+        chunk = {**head, "choices": [answer]}
         if update.finished:
-            choice["stop_reason"] = None
+            reason = vllm_payloads.finish(req)
+            if choice.called() and body.tool_choice == "required":
+                reason = "tool_calls"
+            answer["finish_reason"] = reason
+            answer["stop_reason"] = vllm_payloads.stop_reason(req)
             if not body.include_usage:  # else the usage chunk carries it
                 chunk["system_fingerprint"] = FINGERPRINT
         yield sse_event(chunk)
     if body.include_usage:
-        usage = _usage(replica, req, chat=True, stream=True)
+        usage = _usage(replica, [choice.req for choice in choices], chat=True, stream=True)
         yield sse_event({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": usage})
     yield DONE
+
+
+def _legacy(choice: Choice, k: int | None, tokens: list[str], start: int, offset: int) -> dict[str, Any] | None:
+    if k is None:
+        return None
+    return logprobs.legacy(choice.logprobs(tokens, start, k), offset)
 
 
 @router.post("/v1/completions")
@@ -300,34 +391,29 @@ async def completions(request: Request, replica: ReplicaDep) -> Response:
         prompt = body.single_prompt()
         input_ids = [BEGIN_OF_TEXT, *replica.tokenizer.encode(prompt)] if isinstance(prompt, str) else list(prompt)
         limit = _check(replica, payload, len(input_ids), body.max_tokens)
-        handle = _submit(replica, input_ids, body, limit)
+        choices = _choices(replica, input_ids, body, limit)
     except VllmError as refused:
         return refused.response()
     except (ValidationError, ValueError) as exc:
         return VllmError(str(exc).splitlines()[0]).response()
     rid, created = f"cmpl-{uuid.uuid4().hex[:16]}", int(time.time())
     head = {"id": rid, "object": "text_completion", "created": created, "model": body.model}
+    k = None if body.logprobs is None else _top_k(body.logprobs, True)
     if body.stream:
-        return EventStreamResponse(_completion_stream(replica, handle, body, head), on_close=handle.close)
-    req = await handle.result(request.is_disconnected)
-    choice = {
-        "index": 0,
-        "text": replica.tokenizer.decode(req.output_ids),
-        "logprobs": None,
-        "finish_reason": _finish(req),
-        "stop_reason": None,
-        "token_ids": None,
-        "prompt_logprobs": None,
-        "prompt_token_ids": None,
-        "routed_experts": None,
-    }
+        return EventStreamResponse(_completion_stream(replica, choices, body, head, k), on_close=close_all(choices))
+    reqs = await results(choices, request.is_disconnected)
+    answers = []
+    for choice in choices:
+        tokens = token_texts(choice.req, 0, len(choice.req.output_ids))
+        legacy = _legacy(choice, k, tokens, 0, 0)
+        answers.append(vllm_payloads.completion_choice(choice.index, choice.req, choice.text(), legacy, stream=False))
     return OrjsonResponse(
         {
             **head,
-            "choices": [choice],
+            "choices": answers,
             "service_tier": None,
             "system_fingerprint": FINGERPRINT,
-            "usage": _usage(replica, req, chat=False, stream=False),
+            "usage": _usage(replica, reqs, chat=False, stream=False),
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,
@@ -336,21 +422,17 @@ async def completions(request: Request, replica: ReplicaDep) -> Response:
 
 
 async def _completion_stream(
-    replica: Replica, handle: RequestHandle, body: CompletionRequest, head: dict[str, Any]
+    replica: Replica, choices: list[Choice], body: CompletionRequest, head: dict[str, Any], k: int | None
 ) -> AsyncIterator[bytes]:
-    req = handle.req
-    async for update in handle.updates():
-        choice = {
-            "index": 0,
-            "text": replica.tokenizer.decode(update.new_ids),
-            "logprobs": None,
-            "finish_reason": _finish(req) if update.finished else None,
-            "stop_reason": None,
-            "token_ids": None,
-            "prompt_token_ids": None,
-        }
-        yield sse_event({**head, "choices": [choice]})
+    async for choice, update in merged(choices):
+        start, offset = choice.tokens, choice.chars
+        text, tokens = choice.advance(update)
+        legacy = _legacy(choice, k, tokens, start, offset)
+        answer = vllm_payloads.completion_choice(
+            choice.index, choice.req, text, legacy, stream=True, finished=update.finished
+        )
+        yield sse_event({**head, "choices": [answer]})
     if body.include_usage:
-        usage = _usage(replica, req, chat=False, stream=True)
+        usage = _usage(replica, [choice.req for choice in choices], chat=False, stream=True)
         yield sse_event({**head, "choices": [], "system_fingerprint": FINGERPRINT, "usage": usage})
     yield DONE

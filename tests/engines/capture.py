@@ -7,6 +7,12 @@ engine, its version and flags, the request, the status, the content type, and th
 tests compare names, types and presence, never those values.
 
     python -m tests.engines.capture [sglang] [vllm]     # needs python -m tests.engines.install first
+    python -m tests.engines.capture --features [sglang] [vllm]   # only the client-feature fixtures
+
+``--features`` starts one server per engine with the recommended flags, an API key and a Llama tool-call parser
+(what a Llama deployment runs) and writes ``feature_*.json`` under ``recommended``:
+``n``, tools with ``tool_choice`` required and named, ``logprobs``, ``response_format`` and ``stop``, whole and
+streamed.
 """
 
 from __future__ import annotations
@@ -224,11 +230,123 @@ def _write_kv_events(source: Path, target: Path, meta: dict[str, Any]) -> None:
     target.write_text(json.dumps({**meta, "batches": batches[:3], "count": len(batches)}, indent=1) + "\n")
 
 
+FEATURE_FLAGS = {
+    "sglang": ("--tool-call-parser", "llama3"),
+    "vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"),
+}
+"""Added for the feature captures: both engines serve a forced tool call only with a parser (vLLM refuses any
+``tool_choice`` but "none" unless both flags are set; SGLang leaves the call's JSON in ``content``)."""
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "detailed": {"type": "boolean"},
+            },
+            "required": ["unit", "detailed"],
+        },
+    },
+}
+CLOCK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time in a zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["utc", "local"]}},
+            "required": ["zone"],
+        },
+    },
+}
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "mood": {"type": "string", "enum": ["calm", "busy"]}},
+    "required": ["ok", "mood"],
+    "additionalProperties": False,
+}
+CONSTRAINED_TOKENS = 300
+"""Room for a grammar-constrained answer of the random model to close its JSON."""
+
+
+def feature_requests(stop_chat: str, stop_completion: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """Name, path and body of each feature capture; each is also sent streamed (``<name>_stream``)."""
+    tools = [WEATHER_TOOL, CLOCK_TOOL]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+    constrained = CONSTRAINED_TOKENS
+    return [
+        ("feature_chat_n2", "/v1/chat/completions", chat("two answers", n=2)),
+        ("feature_completion_n2", "/v1/completions", completion("two answers", n=2)),
+        (
+            "feature_tools_required",
+            "/v1/chat/completions",
+            chat("weather?", constrained, tools=tools, tool_choice="required"),
+        ),
+        ("feature_tools_named", "/v1/chat/completions", chat("time?", constrained, tools=tools, tool_choice=named)),
+        ("feature_chat_logprobs", "/v1/chat/completions", chat("scores", 4, logprobs=True, top_logprobs=2)),
+        ("feature_completion_logprobs", "/v1/completions", completion("scores", 4, logprobs=2)),
+        (
+            "feature_json_object",
+            "/v1/chat/completions",
+            chat("json", constrained, response_format={"type": "json_object"}),
+        ),
+        ("feature_json_schema", "/v1/chat/completions", chat("json", constrained, response_format=json_schema)),
+        ("feature_chat_stop", "/v1/chat/completions", chat("stop here", 16, temperature=0, stop=[stop_chat])),
+        (
+            "feature_completion_stop",
+            "/v1/completions",
+            completion("stop here", 16, temperature=0, stop=[stop_completion]),
+        ),
+    ]
+
+
+def _stop_string(recorder: Recorder, path: str, body: dict[str, Any]) -> str:
+    """Three characters from the middle of what the model writes greedily, so a stop string is certain to match."""
+    answer = httpx.post(recorder.server.url + path, json=body, headers=recorder.headers, timeout=120).json()
+    choice = answer["choices"][0]
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    middle = max(1, len(text) // 2)
+    return text[middle : middle + 3] if len(text) > 4 else text
+
+
+def capture_features(installed: Installed, engine: str, log_dir: Path) -> None:
+    flags = (*RECOMMENDED[engine], "--api-key", API_KEY, *FEATURE_FLAGS[engine])
+    server = start_engine(installed, engine, log_dir, *flags)
+    try:
+        out = FIXTURES / engine / "recommended"
+        recorder = Recorder(server, out, {"engine": engine, "flags": list(flags)}, API_KEY)
+        recorder.meta["version"] = _version(recorder, engine)
+        stop_chat = _stop_string(recorder, "/v1/chat/completions", chat("stop here", 16, temperature=0))
+        stop_completion = _stop_string(recorder, "/v1/completions", completion("stop here", 16, temperature=0))
+        for name, path, body in feature_requests(stop_chat, stop_completion):
+            for stem, sent in ((name, body), (f"{name}_stream", _streamed(body))):
+                try:
+                    recorder.post(stem, path, sent)
+                except httpx.HTTPError as exc:  # one failed capture should not lose the rest
+                    print(f"{engine} {stem}: {exc!r}", file=sys.stderr)
+    finally:
+        server.stop()
+
+
+def _streamed(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "stream": True, "stream_options": {"include_usage": True}}
+
+
 def main(argv: list[str]) -> int:
-    engines = tuple(argv) or ENGINES
+    features = "--features" in argv
+    engines = tuple(a for a in argv if a != "--features") or ENGINES
     installed = ensure(engines)
     with tempfile.TemporaryDirectory(prefix="spillgate-capture-") as tmp:
         for engine in engines:
+            if features:
+                print(f"capturing {engine} features", file=sys.stderr)
+                capture_features(installed, engine, Path(tmp))
+                continue
             for profile in ("defaults", "recommended"):
                 print(f"capturing {engine} {profile}", file=sys.stderr)
                 capture_profile(installed, engine, profile, Path(tmp))
