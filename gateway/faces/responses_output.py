@@ -45,6 +45,10 @@ class Answer:
     usage: dict[str, Any] | None = None
     model: str | None = None
     message_id: str = field(default_factory=lambda: new_id("msg"))
+    reasoning: str | None = None
+    """What a reasoning model thought first (SGLang's ``reasoning_content``, vLLM's ``reasoning``); never carried
+    into the next turn, as chat templates drop it from past turns too."""
+    reasoning_id: str = field(default_factory=lambda: new_id("rs"))
 
 
 def answer_of(chat: dict[str, Any]) -> Answer:
@@ -55,6 +59,7 @@ def answer_of(chat: dict[str, Any]) -> Answer:
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     content = message.get("content")
     answer.text = content if isinstance(content, str) else None
+    answer.reasoning = reasoning_of(message) or None
     for call in message.get("tool_calls") or ():
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
@@ -81,7 +86,7 @@ def status_of(answer: Answer) -> str:
 
 def output_items(answer: Answer, status: str) -> list[dict[str, Any]]:
     """The output items: the message (when there is text, or nothing else), then one per function call."""
-    items = []
+    items = [reasoning_item(answer.reasoning_id, answer.reasoning, "completed")] if answer.reasoning else []
     if answer.text or not answer.calls:
         items.append(message_item(answer.message_id, answer.text or "", status))
     items += [function_call_item(call, "completed") for call in answer.calls]
@@ -92,6 +97,21 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
     """An assistant message item; ``text`` None: just added, its content part not yet."""
     content = [] if text is None else [text_part(text)]
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_of(message: dict[str, Any]) -> str:
+    """The reasoning text in a chat message or delta, under either engine's name for it."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A reasoning item; ``text`` None: just added, its content part not yet."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -159,12 +179,12 @@ def response_object(
         "metadata": request.metadata,
         "model": (answer.model if answer is not None and answer.model else None) or request.model,
         "output": output,
-        "parallel_tool_calls": request.parallel_tool_calls,
+        "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
         "store": request.store,
         "temperature": request.temperature,
         "text": {"format": request.text_format},
-        "tool_choice": request.tool_choice,
+        "tool_choice": request.tool_choice or "auto",
         "tools": [_echoed_tool(tool) for tool in request.tools],
         "top_p": request.top_p,
         "truncation": "disabled",

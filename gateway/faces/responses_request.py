@@ -38,8 +38,10 @@ class ResponsesRequest:
     instructions: str | None = None
     tools: list[dict[str, Any]] = field(default_factory=list)
     """As the client sent them (echoed in the answer)."""
-    tool_choice: str | dict[str, Any] = "auto"
-    parallel_tool_calls: bool = True
+    tool_choice: str | dict[str, Any] | None = None
+    """None: not sent (the engine's default, ``auto`` with tools); echoed as ``auto``."""
+    parallel_tool_calls: bool | None = None
+    """None: not sent; echoed as true."""
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -65,7 +67,8 @@ def parse_request(payload: dict[str, Any], max_tokens: int) -> ResponsesRequest:
     request.instructions = _optional(payload, "instructions", str, "a string")
     request.tools = _tools(payload.get("tools"))
     request.tool_choice = _tool_choice(payload.get("tool_choice"))
-    request.parallel_tool_calls = _flag(payload, "parallel_tool_calls", True)
+    if payload.get("parallel_tool_calls") is not None:
+        request.parallel_tool_calls = _flag(payload, "parallel_tool_calls", True)
     request.store = _flag(payload, "store", True)
     request.stream = _flag(payload, "stream", False)
     tokens = payload.get("max_output_tokens")
@@ -99,8 +102,11 @@ def chat_body(request: ResponsesRequest, history: list[dict[str, Any]]) -> dict[
     body: dict[str, Any] = {"model": request.model, "messages": [*messages, *history, *request.messages]}
     if request.tools:
         body["tools"] = [_chat_tool(tool) for tool in request.tools]
-        body["tool_choice"] = _chat_tool_choice(request.tool_choice)
-        body["parallel_tool_calls"] = request.parallel_tool_calls
+        # Sent only when given, as a chat client would: each engine then applies its own default.
+        if request.tool_choice is not None:
+            body["tool_choice"] = _chat_tool_choice(request.tool_choice)
+        if request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
     for name in ("temperature", "top_p", "user"):
@@ -279,9 +285,9 @@ def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _tool_choice(value: object) -> str | dict[str, Any]:
+def _tool_choice(value: object) -> str | dict[str, Any] | None:
     if value is None:
-        return "auto"
+        return None
     if value in _TOOL_CHOICES:
         return value  # type: ignore[return-value]
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):

@@ -19,6 +19,8 @@ from spillgate.gateway.faces.responses_output import (
     function_call_item,
     message_item,
     new_id,
+    reasoning_item,
+    reasoning_of,
     response_object,
     status_of,
     text_part,
@@ -42,6 +44,7 @@ class ResponsesStream:
         self._text_open = False
         self._item_text = ""
         """The open message item's text (all the answer's text is in :attr:`_answer`)."""
+        self._reasoning_open = False
         self._calls: dict[int, dict[str, Any]] = {}
         """The function calls by their chat ``index``; the open one is the last added."""
         self._call_open: int | None = None
@@ -57,6 +60,9 @@ class ResponsesStream:
         if choice is None:
             return out
         delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+        thought = reasoning_of(delta)
+        if thought:
+            out += self._reasoning(thought)
         text = delta.get("content")
         if isinstance(text, str) and text:
             out += self._text(text)
@@ -75,7 +81,7 @@ class ResponsesStream:
             response = response_object(self._turn, status="failed", output=self._output, error=failed)
             return out + self._event("response.failed", {"response": response})
         status = status_of(self._answer)
-        out += self._close_text(status) + self._close_call(status)
+        out += self._close_reasoning(status) + self._close_text(status) + self._close_call(status)
         if not self._output:  # nothing was generated: still a message, empty
             self._output.append(message_item(self._answer.message_id, "", status))
         response = response_object(self._turn, status=status, output=self._output, answer=self._answer)
@@ -92,8 +98,45 @@ class ResponsesStream:
             "response.in_progress", {"response": response}
         )
 
+    def _reasoning(self, text: str) -> bytes:
+        """The reasoning item: it comes first (reasoning that comes after the answer began is dropped)."""
+        out = b""
+        item_id = self._answer.reasoning_id
+        if self._answer.reasoning is None:
+            out += self._close_text("completed") + self._close_call("completed")
+            self._reasoning_open = True
+            self._answer.reasoning = ""
+            self._output.append(reasoning_item(item_id, None, "in_progress"))
+            index = len(self._output) - 1
+            out += self._event("response.output_item.added", {"output_index": index, "item": self._output[-1]})
+            part = {"type": "reasoning_text", "text": ""}
+            out += self._event(
+                "response.content_part.added",
+                {"item_id": item_id, "output_index": index, "content_index": 0, "part": part},
+            )
+        if not self._reasoning_open:
+            return out  # its item is done: what comes after the answer began is not shown
+        self._answer.reasoning += text
+        delta = {"item_id": item_id, "output_index": self._index(item_id), "content_index": 0, "delta": text}
+        return out + self._event("response.reasoning_text.delta", delta)
+
+    def _close_reasoning(self, status: str) -> bytes:
+        if not self._reasoning_open:
+            return b""
+        self._reasoning_open = False
+        item_id, text = self._answer.reasoning_id, self._answer.reasoning or ""
+        index = self._index(item_id)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        out = self._event("response.reasoning_text.done", {**where, "text": text})
+        out += self._event("response.content_part.done", {**where, "part": {"type": "reasoning_text", "text": text}})
+        self._output[index] = reasoning_item(item_id, text, status)
+        return out + self._event("response.output_item.done", {"output_index": index, "item": self._output[index]})
+
+    def _index(self, item_id: str) -> int:
+        return next(i for i, item in enumerate(self._output) if item["id"] == item_id)
+
     def _text(self, text: str) -> bytes:
-        out = self._close_call("completed")
+        out = self._close_reasoning("completed") + self._close_call("completed")
         if not self._text_open:
             if self._answer.text is not None:  # text after a function call: a message item of its own
                 self._answer.message_id = new_id("msg")
@@ -131,7 +174,7 @@ class ResponsesStream:
         out = b""
         call = self._calls.get(position)
         if call is None:
-            out += self._close_text("completed") + self._close_call("completed")
+            out += self._close_reasoning("completed") + self._close_text("completed") + self._close_call("completed")
             call_id = delta.get("id") if isinstance(delta.get("id"), str) and delta.get("id") else new_id("call")
             call = {"id": new_id("fc"), "call_id": call_id, "name": str(function.get("name") or ""), "arguments": ""}
             self._calls[position] = call

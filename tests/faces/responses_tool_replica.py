@@ -3,6 +3,7 @@
 ``python -m tests.faces.responses_tool_replica --port N``: probes answer as a healthy SGLang's do; a chat request
 that offers tools and ends with the user's message gets a call of the first tool (``{"city": "Paris"}``), anything
 else a short text answer. Whole or streamed (the call's arguments in two pieces, then a usage chunk when asked).
+A user message that asks to "think" gets reasoning first (``reasoning_content``, as SGLang's reasoning parser sends it).
 ``GET /received`` lists the chat bodies it was sent, so a test sees exactly what the gateway sent.
 """
 
@@ -22,6 +23,7 @@ from starlette.routing import Route
 _METRICS = "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:token_usage 0\nsglang:prompt_tokens_total 0\n"
 ARGUMENTS = '{"city": "Paris"}'
 TEXT = "It is sunny in Paris."
+THOUGHT = "The user wants the weather."
 USAGE = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27}
 
 
@@ -47,10 +49,12 @@ def build() -> Starlette:
         name = (
             body["tools"][0]["function"]["name"] if body.get("tools") and messages[-1].get("role") == "user" else None
         )
+        think = "think" in str(messages[-1].get("content"))
         if body.get("stream"):
             include_usage = (body.get("stream_options") or {}).get("include_usage", False)
-            return StreamingResponse(_events(name, include_usage), media_type="text/event-stream")
+            return StreamingResponse(_events(name, include_usage, think), media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": TEXT if name is None else None}
+        message["reasoning_content"] = THOUGHT if think else None
         if name is not None:
             message["tool_calls"] = [_call(name, ARGUMENTS)]
         choice = {"index": 0, "message": message, "finish_reason": "stop" if name is None else "tool_calls"}
@@ -70,12 +74,15 @@ def _completion(fields: dict[str, Any], kind: str = "chat.completion") -> dict[s
     return {"id": "chatcmpl-tool", "object": kind, "created": 1, "model": "sim-model", **fields}
 
 
-async def _events(name: str | None, include_usage: bool) -> AsyncIterator[bytes]:
+async def _events(name: str | None, include_usage: bool, think: bool) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return b"data: " + orjson.dumps(_completion({"choices": [choice]}, "chat.completion.chunk")) + b"\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
+    if think:
+        for word in THOUGHT.split(" "):
+            yield chunk({"content": None, "reasoning_content": word + " "})
     if name is None:
         for word in TEXT.split(" "):
             yield chunk({"content": word + " "})

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.faces.responses_tool_replica import ARGUMENTS, TEXT
+from tests.faces.responses_tool_replica import ARGUMENTS, TEXT, THOUGHT
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_lying_replica
 from tests.support.procs import RunningProcess, free_port, start_process
 
@@ -119,7 +119,51 @@ def test_sending_the_output_items_back_is_the_same_prompt(client: openai.OpenAI,
 
     items: list[Any] = [{"role": "user", "content": "Weather in Paris?"}, *first.output, output]
     client.responses.create(model="chat", input=items, tools=[WEATHER], store=False)
-    assert last_received(tool_replica)["messages"] == chained
+    sent = last_received(tool_replica)
+    assert sent["messages"] == chained
+    assert "tool_choice" not in sent and "parallel_tool_calls" not in sent, "sent only when the client sets them"
+
+
+def test_reasoning_is_an_output_item_and_stays_out_of_the_next_turn(
+    client: openai.OpenAI, tool_replica: RunningProcess
+) -> None:
+    first = client.responses.create(model="chat", input="Please think first.")
+
+    reasoning, message = first.output
+    assert reasoning.type == "reasoning" and reasoning.content is not None
+    assert reasoning.content[0].text == THOUGHT and reasoning.summary == []
+    assert message.type == "message" and first.output_text == TEXT
+
+    client.responses.create(model="chat", previous_response_id=first.id, input="Thanks.")
+    conversation = [
+        {"role": "user", "content": "Please think first."},
+        {"role": "assistant", "content": TEXT},
+        {"role": "user", "content": "Thanks."},
+    ]
+    assert last_received(tool_replica)["messages"] == conversation
+    # Sent back by the client, the reasoning item is left out the same way.
+    items: list[Any] = [
+        {"role": "user", "content": "Please think first."},
+        *first.output,
+        {"role": "user", "content": "Thanks."},
+    ]
+    client.responses.create(model="chat", input=items, store=False)
+    assert last_received(tool_replica)["messages"] == conversation
+
+
+def test_streamed_reasoning(client: openai.OpenAI) -> None:
+    with client.responses.stream(model="chat", input="Please think, then answer.") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+
+    types = [event.type for event in events]
+    assert types[2:4] == ["response.output_item.added", "response.content_part.added"]
+    thought = "".join(event.delta for event in events if event.type == "response.reasoning_text.delta")
+    assert thought == "".join(word + " " for word in THOUGHT.split(" "))
+    assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+    reasoning, message = final.output
+    assert reasoning.type == "reasoning" and reasoning.content is not None and reasoning.content[0].text == thought
+    assert message.type == "message" and final.output_text.strip() == TEXT
 
 
 def test_a_streamed_function_call(client: openai.OpenAI) -> None:
