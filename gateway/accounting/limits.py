@@ -37,6 +37,9 @@ class TenantLimits:
     usd_per_month: float | None = None
     hosted_usd_per_day: float | None = None
     hosted_usd_per_month: float | None = None
+    key_id: str | None = None
+    """A managed key's id when ``key_limits`` are its own limits, reserved besides these under that id."""
+    key_limits: TenantLimits | None = None
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -55,7 +58,8 @@ class TenantLimits:
 
     @property
     def unlimited(self) -> bool:
-        return not self.has_budget and self.requests_per_minute is None and self.tokens_per_minute is None
+        own = not self.has_budget and self.requests_per_minute is None and self.tokens_per_minute is None
+        return own and (self.key_limits is None or self.key_limits.unlimited)
 
 
 UNLIMITED = TenantLimits()

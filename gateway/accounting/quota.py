@@ -21,6 +21,7 @@ from .limits import (
     to_nano,
     worst_refusal,
 )
+from .quota_keys import KeyQuota
 from .records import LedgerEntry, Reservation, new_id
 from .report import RateUsage
 
@@ -100,6 +101,8 @@ class LocalQuota:
 
     def __init__(self) -> None:
         self._tenants: dict[str, _TenantState] = {}
+        self.key_quota = KeyQuota()
+        """Managed keys' own limits, held besides their tenants'."""
 
     def _state(self, tenant: str) -> _TenantState:
         state = self._tenants.get(tenant)
@@ -112,9 +115,24 @@ class LocalQuota:
     async def reserve(
         self, tenant: str, limits: TenantLimits, *, tokens: int, worst_case_usd: float, hosted: bool, now: float
     ) -> Reservation:
-        return self.reserve_now(tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now)
+        if limits.key_limits is None:
+            return self.reserve_now(
+                tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now
+            )
+        hold = await self.key_quota.reserve(limits, tokens=tokens, worst_case_usd=worst_case_usd, now=now, shared=False)
+        try:
+            reservation = self.reserve_now(
+                tenant, limits, tokens=tokens, worst_case_usd=worst_case_usd, hosted=hosted, now=now
+            )
+        except QuotaExceeded:
+            await self.key_quota.give_back(hold, now)
+            raise
+        self.key_quota.attach(reservation.id, hold)
+        return reservation
 
     async def settle(self, reservation: Reservation, entry: LedgerEntry) -> bool:
+        if (key_hold := self.key_quota.take(reservation.id)) is not None:
+            await self.key_quota.settle(key_hold, entry)
         state = self._state(reservation.tenant)
         self._unhold(state, reservation)
         self.add_spend(entry)
@@ -124,6 +142,8 @@ class LocalQuota:
         return False
 
     async def release(self, reservation: Reservation, entry: LedgerEntry | None, now: float) -> bool:
+        if (key_hold := self.key_quota.take(reservation.id)) is not None:
+            await self.key_quota.give_back(key_hold, now)
         state = self._state(reservation.tenant)
         self._unhold(state, reservation)
         if entry is not None:

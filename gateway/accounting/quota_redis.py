@@ -48,6 +48,7 @@ from .limits import (
     worst_refusal,
 )
 from .quota import LocalQuota
+from .quota_keys import KeyQuota
 from .records import LedgerEntry, Reservation, new_id
 from .redis_keys import RedisKeys
 
@@ -118,6 +119,8 @@ class RedisQuota:
         self._record = client.register_script(scripts.RECORD)
         self._hold = client.register_script(scripts.HOLD)
         self._known_tenants: set[str] = set()
+        self.key_quota = KeyQuota(client, key_prefix)
+        """Managed keys' own limits, held besides their tenants' (in Redis too)."""
         self.down = True
         """Not sharing the budgets in Redis: unreachable, or not (re)joined yet (the shipper joins at start)."""
         self.epoch = ""
@@ -180,6 +183,22 @@ class RedisQuota:
 
     async def reserve(
         self, tenant: str, limits: TenantLimits, *, tokens: int, worst_case_usd: float, hosted: bool, now: float
+    ) -> Reservation:
+        if limits.key_limits is None:
+            return await self._reserve_tenant(tenant, limits, tokens, worst_case_usd, hosted, now)
+        hold = await self.key_quota.reserve(
+            limits, tokens=tokens, worst_case_usd=worst_case_usd, now=now, shared=not self.down
+        )
+        try:
+            reservation = await self._reserve_tenant(tenant, limits, tokens, worst_case_usd, hosted, now)
+        except QuotaExceeded:
+            await self.key_quota.give_back(hold, now)
+            raise
+        self.key_quota.attach(reservation.id, hold)
+        return reservation
+
+    async def _reserve_tenant(
+        self, tenant: str, limits: TenantLimits, tokens: int, worst_case_usd: float, hosted: bool, now: float
     ) -> Reservation:
         while True:
             while self.rejoining and limits.has_budget:
@@ -291,6 +310,8 @@ class RedisQuota:
     # Settle and release --------------------------------------------------------------------------------
 
     async def settle(self, reservation: Reservation, entry: LedgerEntry) -> bool:
+        if (key_hold := self.key_quota.take(reservation.id)) is not None:
+            await self.key_quota.settle(key_hold, entry)
         hold_id = self._close(reservation)
         if not reservation.shared:
             await self.local.settle(reservation, entry)
@@ -302,6 +323,8 @@ class RedisQuota:
         return False
 
     async def release(self, reservation: Reservation, entry: LedgerEntry | None, now: float) -> bool:
+        if (key_hold := self.key_quota.take(reservation.id)) is not None:
+            await self.key_quota.give_back(key_hold, now)
         hold_id = self._close(reservation)
         if not reservation.shared:
             await self.local.release(reservation, entry, now)
