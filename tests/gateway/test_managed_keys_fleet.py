@@ -1,0 +1,132 @@
+"""Managed keys across two real gateway processes sharing one Redis: a key made on one works on the other as soon
+as the answer that made it has come back, a revoked one fails on both as soon as the revocation has, and Redis
+keeps them across restarts."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gateway.test_managed_keys import (
+    CONFIG_KEY,
+    admin,
+    chat,
+    create,
+    keys_config,
+    refused_as_unknown,
+    status_of,
+)
+from tests.support.gateway import start_gateway, start_replica
+from tests.support.procs import RunningProcess
+
+
+@pytest.fixture(scope="module")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    proc = start_replica(tmp_path_factory.mktemp("fleet-keys-replica"), "--time-scale", "0.01")
+    yield proc
+    proc.stop()
+
+
+def fleet_config(replica: RunningProcess, redis_url: str, data_dir: Path, prefix: str) -> dict[str, Any]:
+    return keys_config(replica, data_dir, redis_url=redis_url, key_prefix=prefix)
+
+
+@pytest.fixture
+def fleet(replica: RunningProcess, redis_url: str, tmp_path: Path) -> Iterator[tuple[RunningProcess, RunningProcess]]:
+    """Two gateways, each with its own data directory: all they share is Redis."""
+    prefix = "keys-" + secrets.token_hex(4)
+    one = start_gateway(fleet_config(replica, redis_url, tmp_path / "one", prefix), tmp_path)
+    try:
+        two = start_gateway(fleet_config(replica, redis_url, tmp_path / "two", prefix), tmp_path)
+        try:
+            yield one, two
+        finally:
+            two.stop()
+    finally:
+        one.stop()
+
+
+def test_a_key_made_on_one_process_works_at_once_on_the_other(fleet: tuple[RunningProcess, RunningProcess]) -> None:
+    one, two = fleet
+    for _ in range(5):
+        made = create(one)
+        assert chat(two, made["key"])
+        assert made["id"] in [k["id"] for k in admin(two, "GET", "/admin/keys").json()["data"]]
+
+
+def test_a_revoked_key_fails_at_once_on_every_process(fleet: tuple[RunningProcess, RunningProcess]) -> None:
+    one, two = fleet
+    for _ in range(3):
+        made = create(two)
+        assert chat(one, made["key"]) and chat(two, made["key"])
+        assert admin(one, "DELETE", f"/admin/keys/{made['id']}").status_code == 200
+        refused_as_unknown(two, made["key"])
+        refused_as_unknown(one, made["key"])
+    assert chat(two, CONFIG_KEY)
+
+
+def test_a_rotation_on_one_process_holds_on_the_other(fleet: tuple[RunningProcess, RunningProcess]) -> None:
+    one, two = fleet
+    old = create(one)
+    assert chat(two, old["key"])
+    new = admin(two, "POST", f"/admin/keys/{old['id']}/rotate").json()
+    assert chat(one, new["key"])
+    refused_as_unknown(one, old["key"])
+
+
+def test_a_tenant_key_cannot_manage_keys_on_any_process(fleet: tuple[RunningProcess, RunningProcess]) -> None:
+    one, two = fleet
+    managed = create(one)["key"]
+    for gateway in (one, two):
+        for key in (CONFIG_KEY, managed):
+            assert admin(gateway, "GET", "/admin/keys", key=key).status_code == 403
+
+
+def test_a_per_key_rate_limit_holds_across_processes(fleet: tuple[RunningProcess, RunningProcess]) -> None:
+    one, two = fleet
+    limited = create(one, limits={"requests_per_minute": 2})["key"]
+    assert status_of(one, limited) == 200
+    assert status_of(two, limited) == 200
+    assert status_of(one, limited) == 429
+    assert status_of(two, limited) == 429
+    assert status_of(two, CONFIG_KEY) == 200
+
+
+def test_redis_keeps_the_keys_across_restarts(replica: RunningProcess, redis_url: str, tmp_path: Path) -> None:
+    prefix = "keys-" + secrets.token_hex(4)
+    first = start_gateway(fleet_config(replica, redis_url, tmp_path / "first", prefix), tmp_path)
+    try:
+        kept = create(first)
+        gone = create(first)
+        admin(first, "DELETE", f"/admin/keys/{gone['id']}")
+    finally:
+        first.stop()
+    # Another data directory: what it knows comes from Redis alone.
+    second = start_gateway(fleet_config(replica, redis_url, tmp_path / "second", prefix), tmp_path)
+    try:
+        assert chat(second, kept["key"])
+        refused_as_unknown(second, gone["key"])
+    finally:
+        second.stop()
+
+
+def test_an_emptied_redis_gets_the_keys_back_from_the_data_directory(
+    replica: RunningProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """``serve --workers`` without a configured Redis runs a private one that ends with the gateway: the data
+    directory's copy brings the keys back into the next one."""
+    data = tmp_path / "data"
+    first = start_gateway(fleet_config(replica, redis_url, data, "keys-" + secrets.token_hex(4)), tmp_path)
+    try:
+        kept = create(first)
+    finally:
+        first.stop()
+    second = start_gateway(fleet_config(replica, redis_url, data, "keys-" + secrets.token_hex(4)), tmp_path)
+    try:
+        assert chat(second, kept["key"])
+    finally:
+        second.stop()
