@@ -305,3 +305,30 @@ def test_stored_responses_expire(bounded: RunningProcess) -> None:
     time.sleep(2.5)  # past the two seconds a response is kept
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="chat", previous_response_id=stored.id, input="Later?", store=False)
+
+
+@pytest.fixture(scope="module")
+def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """A gateway whose route ``frontier`` is a simulated hosted OpenAI model (no replicas)."""
+    model: dict[str, Any] = {"name": "frontier", "model": "openai/frontier", "api_key": "sk-provider"}
+    model |= {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+    model["simulated"] = {"ttft_ms": 20, "tpot_ms": 2}
+    config = gateway_config([], pools=[], hosted_models=[model], routes=[{"name": "frontier", "targets": ["frontier"]}])
+    config["tenants"] = [{"name": "tenant-a", "keys": [TENANT_KEY]}]
+    gateway = start_gateway(config, tmp_path_factory.mktemp("responses-hosted"))
+    yield gateway
+    gateway.stop()
+
+
+def test_a_hosted_model_answers_whole_streamed_and_chained(hosted: RunningProcess) -> None:
+    client = openai.OpenAI(base_url=hosted.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    first = client.responses.create(model="frontier", instructions="Be brief.", input="Hello there.")
+    assert first.status == "completed" and first.output_text.strip()
+    assert first.usage is not None and first.usage.input_tokens > 0
+
+    with client.responses.stream(model="frontier", previous_response_id=first.id, input="And then?") as stream:
+        final = stream.get_final_response()
+    assert final.previous_response_id == first.id and final.output_text.strip()
+    # The chained prompt holds the first turn: more input tokens than the first turn's prompt and answer.
+    assert final.usage is not None and first.usage is not None
+    assert final.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 8
