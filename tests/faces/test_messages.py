@@ -27,40 +27,52 @@ def prompt_tokens(usage: anthropic.types.Usage) -> int:
     return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
 
 
-def start_hosted(log_dir: Path) -> RunningProcess:
+def start_hosted(log_dir: Path, *flags: str) -> RunningProcess:
     port = free_port()
     args = ["sim-hosted", "--port", str(port), "--ttft-ms", "5", "--tpot-ms", "1", "--model-name", "claude-sim"]
-    return start_spillgate([*args, "--prompt-cache-min-tokens", "256"], port=port, log_dir=log_dir)
+    return start_spillgate([*args, "--prompt-cache-min-tokens", "256", *flags], port=port, log_dir=log_dir)
+
+
+def claude(name: str, api_base: str) -> dict:
+    """A hosted ``anthropic/`` model on a simulator, at Claude Sonnet's prices."""
+    return {
+        "name": name,
+        "model": "anthropic/claude-sim",
+        "api_base": api_base,
+        "api_key": PROVIDER_KEY,
+        "input_per_mtok": 3,
+        "output_per_mtok": 15,
+        "cached_input_per_mtok": 0.3,
+        "timeout_s": 10,
+    }
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """Routes: ``chat`` (a replica), ``claude`` (a hosted model), ``limited`` (one that always answers 429),
+    ``broken`` (one whose answers break off after three tokens), ``gone`` (a replica nothing answers at)."""
     log_dir = tmp_path_factory.mktemp("messages")
-    replica = start_replica(log_dir, "--time-scale", "0.02")
-    hosted = start_hosted(log_dir)
-    config = gateway_config([replica.url])
-    config["hosted_models"] = [
-        {
-            "name": "claude",
-            "model": "anthropic/claude-sim",
-            "api_base": hosted.url,
-            "api_key": PROVIDER_KEY,
-            "input_per_mtok": 3,
-            "output_per_mtok": 15,
-            "cached_input_per_mtok": 0.3,
-            "timeout_s": 10,
-        }
-    ]
-    config["routes"].append({"name": "claude", "targets": ["claude"]})
+    started: list[RunningProcess] = []
     try:
-        proc = start_gateway(config, log_dir)
-        try:
-            yield proc
-        finally:
-            proc.stop()
+        started.append(replica := start_replica(log_dir, "--time-scale", "0.02"))
+        started.append(hosted := start_hosted(log_dir))
+        started.append(limited := start_hosted(log_dir, "--fail-429-every", "1", "--retry-after-s", "7"))
+        started.append(broken := start_hosted(log_dir, "--malformed-after-chunks", "3"))
+        config = gateway_config([replica.url])
+        config["pools"].append(
+            {"name": "gone", "served_model": "sim-model", "replicas": [f"http://127.0.0.1:{free_port()}"]}
+        )
+        config["hosted_models"] = [
+            claude("claude", hosted.url),
+            claude("limited", limited.url),
+            claude("broken", broken.url),
+        ]
+        config["routes"] += [{"name": name, "targets": [name]} for name in ("claude", "limited", "broken", "gone")]
+        started.append(proc := start_gateway(config, log_dir))
+        yield proc
     finally:
-        hosted.stop()
-        replica.stop()
+        for proc in reversed(started):
+            proc.stop()
 
 
 @pytest.fixture
@@ -302,3 +314,44 @@ def test_cache_writes_are_reported_and_priced_as_anthropic_bills_them(
     write_price = INPUT * ANTHROPIC_CACHE_WRITE
     expected = first.usage.input_tokens * INPUT + written * write_price + first.usage.output_tokens * OUTPUT
     assert row["cost_usd"] == pytest.approx(expected)
+
+
+def test_a_rate_limit_keeps_its_status_and_retry_after(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        client.messages.create(model="limited", max_tokens=4, messages=HELLO)
+    assert caught.value.response.headers["retry-after"] == "7"
+    assert caught.value.body["error"]["type"] == "rate_limit_error"
+
+
+def test_no_healthy_backend_is_overloaded(client: anthropic.Anthropic, gateway: RunningProcess) -> None:
+    def unserved() -> bool:
+        health = httpx.get(gateway.url + "/health", timeout=30).json()
+        return "gone" in health.get("routes_without_healthy_backend", ())
+
+    eventually(unserved)  # its replica failed a probe
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        client.messages.create(model="gone", max_tokens=4, messages=HELLO)
+    assert caught.value.status_code == 503 and caught.value.response.headers["retry-after"] == "1"
+    assert caught.value.body["error"]["type"] == "overloaded_error"
+
+
+def test_a_backend_failing_mid_stream_ends_it_with_an_error_event(client: anthropic.Anthropic) -> None:
+    events: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        for event in client.messages.create(model="broken", max_tokens=20, messages=HELLO, stream=True):
+            events.append(event.type)
+    assert events[0] == "message_start" and "content_block_delta" in events and "message_stop" not in events
+    assert caught.value.body["type"] == "error" and caught.value.body["error"]["type"] == "api_error"
+
+
+def test_a_backend_failing_whole_is_an_api_error(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.InternalServerError) as caught:
+        client.messages.create(model="broken", max_tokens=20, messages=HELLO)
+    assert caught.value.status_code == 502 and caught.value.body["error"]["type"] == "api_error"
+
+
+def test_a_body_over_the_limit_is_request_too_large(client: anthropic.Anthropic) -> None:
+    huge = [{"role": "user", "content": "x" * (5 << 20)}]
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        client.messages.create(model="chat", max_tokens=4, messages=huge)
+    assert caught.value.status_code == 413 and caught.value.body["error"]["type"] == "request_too_large"
