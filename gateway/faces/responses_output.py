@@ -181,6 +181,7 @@ def response_object(
         "output": output,
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": request.previous_response_id,
+        "reasoning": {"effort": request.reasoning_effort} if request.reasoning_effort is not None else None,
         "store": request.store,
         "temperature": request.temperature,
         "text": {"format": request.text_format},
@@ -190,6 +191,7 @@ def response_object(
         "truncation": "disabled",
         "usage": usage_of(answer.usage) if done and answer is not None else None,
         "user": request.user,
+        **request.passed,
     }
 
 

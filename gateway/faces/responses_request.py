@@ -26,6 +26,8 @@ _UNSUPPORTED = {
 }
 """Fields that change what a request means and that this gateway cannot honour: refused rather than ignored."""
 MAX_METADATA_KEYS = 16
+_PASSED = ("prompt_cache_key", "safety_identifier")
+_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 @dataclass(slots=True)
@@ -51,6 +53,10 @@ class ResponsesRequest:
     previous_response_id: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     user: str | None = None
+    reasoning_effort: str | None = None
+    """``reasoning.effort``, sent as chat's ``reasoning_effort`` (reasoning models on vLLM, SGLang and OpenAI)."""
+    passed: dict[str, str] = field(default_factory=dict)
+    """Fields chat completions has under the same name and meaning (``prompt_cache_key``, ``safety_identifier``)."""
 
 
 def parse_request(payload: dict[str, Any], max_tokens: int) -> ResponsesRequest:
@@ -93,6 +99,16 @@ def parse_request(payload: dict[str, Any], max_tokens: int) -> ResponsesRequest:
     if user is not None and len(user) > MAX_USER_CHARS:
         raise invalid("user", f"'user' is {len(user)} characters long; at most {MAX_USER_CHARS} are allowed.")
     request.user = user
+    reasoning = payload.get("reasoning")
+    if reasoning is not None:
+        effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+        if not isinstance(reasoning, dict) or (effort is not None and effort not in _EFFORTS):
+            raise invalid("reasoning.effort", f"'reasoning.effort' must be one of {', '.join(_EFFORTS)}.")
+        request.reasoning_effort = effort
+    for name in _PASSED:
+        value = _optional(payload, name, str, "a string")
+        if value is not None:
+            request.passed[name] = value
     return request
 
 
@@ -113,6 +129,9 @@ def chat_body(request: ResponsesRequest, history: list[dict[str, Any]]) -> dict[
         value = getattr(request, name)
         if value is not None:
             body[name] = value
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
+    body.update(request.passed)
     response_format = _response_format(request.text_format)
     if response_format is not None:
         body["response_format"] = response_format

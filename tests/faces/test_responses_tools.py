@@ -224,3 +224,13 @@ def test_a_stream_that_breaks_ends_with_response_failed(breaking: RunningProcess
     assert failed.response.error is not None and failed.response.error.code == "server_error"
     assert failed.response.error.message
     assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def test_reasoning_effort_and_cache_key_reach_the_replica(client: openai.OpenAI, tool_replica: RunningProcess) -> None:
+    response = client.responses.create(
+        model="chat", input="Hi.", reasoning={"effort": "low"}, prompt_cache_key="user-7", temperature=0.5
+    )
+    sent = last_received(tool_replica)
+    assert sent["reasoning_effort"] == "low" and sent["prompt_cache_key"] == "user-7" and sent["temperature"] == 0.5
+    assert response.reasoning is not None and response.reasoning.effort == "low"
+    assert response.prompt_cache_key == "user-7" and response.temperature == 0.5
