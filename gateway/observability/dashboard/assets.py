@@ -15,6 +15,7 @@ MEDIA_TYPES = {
     "dashboard.css": "text/css; charset=utf-8",
     "charts.js": "text/javascript; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
+    "keys.js": "text/javascript; charset=utf-8",
 }
 
 SECURITY_HEADERS = {

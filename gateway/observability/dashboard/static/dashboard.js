@@ -2,6 +2,7 @@
 // Every number is an element with data-metric (a stable name) and data-value (the exact figure received).
 
 import { PALETTE, columns, hbars, legend, timeColumns, timeLines } from "./charts.js";
+import { renderKeys } from "./keys.js";
 
 const KEY = "spillgate.dashboard.key";
 const BUCKETS = { 900: 60, 3600: 60, 21600: 300, 86400: 900 }; // whole minutes: the ledger keeps minutes
@@ -512,6 +513,7 @@ async function refresh() {
     }
     if (!response.ok) throw new Error(body?.error?.message || `HTTP ${response.status}`);
     render(body);
+    await renderKeys(body.viewer.role === "admin", key);
     wait = body.refresh_s;
     $("status").textContent = "";
   } catch (error) {
