@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 from spillgate.backends.hosted.pricing import ANTHROPIC_CACHE_WRITE
 from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
+
+pytestmark = pytest.mark.filterwarnings("error")  # the SDK reads every answer without a warning
 
 PROVIDER_KEY = "sk-provider-secret-4242"
 HELLO = [{"role": "user", "content": "Name three prime numbers."}]
@@ -76,10 +77,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
 
 
 @pytest.fixture
-def client(gateway: RunningProcess) -> Iterator[anthropic.Anthropic]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield anthropic.Anthropic(base_url=gateway.url, api_key=TENANT_KEY, max_retries=0)
+def client(gateway: RunningProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key=TENANT_KEY, max_retries=0)
 
 
 @pytest.mark.parametrize("route", ["chat", "claude"])
@@ -92,6 +91,7 @@ def test_a_whole_message(client: anthropic.Anthropic, route: str) -> None:
     assert [block.type for block in message.content] == ["text"] and message.content[0].text.strip()
     assert message.stop_reason == "max_tokens" and message.stop_sequence is None
     assert message.usage.output_tokens == 7 and prompt_tokens(message.usage) > 5
+    message.to_json()  # pydantic warns only when it serialises a field of the wrong type
 
 
 @pytest.mark.parametrize("route", ["chat", "claude"])
@@ -102,6 +102,7 @@ def test_a_streamed_message_through_the_sdk_helper(client: anthropic.Anthropic, 
     assert text.strip() and message.content[0].type == "text" and message.content[0].text == text
     assert message.model == route and message.stop_reason == "max_tokens"
     assert message.usage.output_tokens == 9 and prompt_tokens(message.usage) > 5
+    message.to_json()
 
 
 def test_a_streamed_message_event_by_event(client: anthropic.Anthropic) -> None:
@@ -109,6 +110,8 @@ def test_a_streamed_message_event_by_event(client: anthropic.Anthropic) -> None:
     names = [event.type for event in events]
     assert names[:3] == ["message_start", "content_block_start", "content_block_delta"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    for event in events:
+        event.to_json()
     deltas = [event for event in events if event.type == "content_block_delta"]
     assert len(deltas) >= 3 and all(event.delta.type == "text_delta" for event in deltas)
     final = events[-2]
@@ -228,6 +231,7 @@ def test_a_streamed_tool_call(client: anthropic.Anthropic) -> None:
     assert deltas and all(delta.type == "input_json_delta" for delta in deltas)
     assert message.stop_reason == "tool_use" and [block.type for block in message.content] == ["tool_use"]
     assert message.content[0].name == "get_weather" and set(message.content[0].input) == {"city", "days"}
+    message.to_json()
     assert message.usage.output_tokens == 6
 
 
@@ -355,3 +359,47 @@ def test_a_body_over_the_limit_is_request_too_large(client: anthropic.Anthropic)
     with pytest.raises(anthropic.APIStatusError) as caught:
         client.messages.create(model="chat", max_tokens=4, messages=huge)
     assert caught.value.status_code == 413 and caught.value.body["error"]["type"] == "request_too_large"
+
+
+def test_a_bearer_token_and_anthropics_headers_are_accepted(gateway: RunningProcess) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, auth_token=TENANT_KEY, max_retries=0)
+    beta = {"anthropic-beta": "prompt-caching-2024-07-31"}
+    message = client.messages.create(model="chat", max_tokens=2, messages=HELLO, extra_headers=beta)
+    assert message.usage.output_tokens == 2
+
+
+def test_blocks_a_replica_takes(client: anthropic.Anthropic) -> None:
+    """Text blocks marked for caching, an image, and an earlier assistant turn, on a replica."""
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": pixel}}
+    cached = {"type": "text", "text": "Describe this picture.", "cache_control": {"type": "ephemeral"}}
+    conversation = [
+        {"role": "user", "content": "Hello."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello! How can I help?"}]},
+        {"role": "user", "content": [image, cached]},
+    ]
+    system = [{"type": "text", "text": "You describe pictures.", "cache_control": {"type": "ephemeral"}}]
+    message = client.messages.create(model="chat", max_tokens=3, system=system, messages=conversation)
+    assert message.content[0].text and message.usage.output_tokens == 3
+
+
+def test_the_end_user_is_booked(client: anthropic.Anthropic, gateway: RunningProcess) -> None:
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    client.messages.create(model="chat", max_tokens=2, messages=HELLO, metadata={"user_id": user})
+
+    def booked_for_user() -> bool:
+        params = {"user": user}
+        headers = {"authorization": f"Bearer {TENANT_KEY}"}
+        response = httpx.get(gateway.url + "/v1/spend/logs", params=params, headers=headers, timeout=30)
+        return [row["route"] for row in response.json()["data"]] == ["chat"]
+
+    eventually(booked_for_user)
+
+
+def test_a_stop_sequence_is_named(client: anthropic.Anthropic) -> None:
+    first = client.messages.create(model="chat", max_tokens=12, messages=HELLO)
+    words = first.content[0].text.split()
+    stop = words[3]
+    message = client.messages.create(model="chat", max_tokens=12, messages=HELLO, stop_sequences=[stop])
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    assert stop not in message.content[0].text
