@@ -188,6 +188,8 @@ def _blocks(content: object, where: str) -> list[dict[str, Any]]:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise invalid(f"{where}.content", f"{where}.content: must be a string or an array of content blocks")
+    if not content:
+        raise invalid(f"{where}.content", f"{where}.content: must hold at least one block")
     for index, block in enumerate(content):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
             raise invalid(f"{where}.content.{index}", f"{where}.content.{index}: must be a block with a 'type'")
