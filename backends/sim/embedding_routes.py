@@ -8,7 +8,9 @@ does). Inputs are a string, a list of strings, a list of token ids or a list of 
 their tokens with the simulator's tokenizer (a string gets the BOS token, as the engines' tokenizers add it).
 ``encoding_format`` is ``float`` or ``base64`` (little-endian float32, as OpenAI sends it). The time taken is
 one prefill pass over every input; embeddings do not go through the scheduler, so they show in no load figure.
-Refusals have each engine's shape: SGLang's flat 400, vLLM's ``{"error": {...}}`` naming the parameter.
+Refusals have each engine's shape: SGLang's flat 400, vLLM's ``{"error": {...}}`` naming the parameter. SGLang
+names the model by its path in the answer (as real SGLang does), vLLM by its served name. Unlike a real embedding
+model that is not Matryoshka-trained, ``dimensions`` is served rather than refused.
 """
 
 from __future__ import annotations
@@ -83,8 +85,9 @@ async def embeddings(request: Request, replica: ReplicaDep) -> Response:
             "usage": usage,
         }
     else:
-        body = {"data": data, "model": payload.get("model") or config.served_model_name, "object": "list"}
-        body["usage"] = {**usage, "reasoning_tokens": 0}
+        # SGLang names the model by its path, whatever the request or --served-model-name said.
+        body = {"data": data, "model": config.model_path, "object": "list"}
+        body["usage"] = {**usage, "reasoning_tokens": 0, "completion_tokens_details": None}
     return OrjsonResponse(body)
 
 

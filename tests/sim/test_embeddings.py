@@ -42,6 +42,8 @@ def test_the_sdk_gets_unit_vectors_of_the_models_size_with_usage(faces: dict[str
     texts = ["the cache of a model", "a query to serve"]
     answer = sdk(faces[engine]).embeddings.create(model="embedder", input=texts, encoding_format="float")
     assert answer.object == "list"
+    # SGLang names its model by path (the preset's), vLLM by its served name.
+    assert answer.model == {"sglang": "meta-llama/Llama-3.1-8B-Instruct", "vllm": "embedder"}[engine]
     assert [item.index for item in answer.data] == [0, 1]
     for item in answer.data:
         assert len(item.embedding) == HIDDEN_SIZE
