@@ -8,11 +8,13 @@ The face translates and nothing more (:mod:`gateway.faces.bridge`): the request 
 
 from __future__ import annotations
 
+import functools
 from contextvars import ContextVar
 from typing import Any
 
 import orjson
 
+from spillgate.backends.hosted.pricing import is_anthropic
 from spillgate.gateway.faces.bridge import StreamTranslator
 from spillgate.gateway.faces.messages_answer import whole_message
 from spillgate.gateway.faces.messages_errors import error_body
@@ -20,6 +22,9 @@ from spillgate.gateway.faces.messages_request import MessagesRequest, translate_
 from spillgate.gateway.faces.messages_stream import MessagesStream
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Tenant
+
+_anthropic = functools.lru_cache(maxsize=1024)(is_anthropic)
+"""Whether a litellm model is Anthropic's, asked once per model."""
 
 _ASKED: ContextVar[MessagesRequest | None] = ContextVar("spillgate_messages_request", default=None)
 """The request being answered. The bridge asks the face for its request, then for its answer, within one
@@ -43,9 +48,19 @@ class MessagesFace:
         return headers
 
     async def request(self, tenant: Tenant | None, body: bytes) -> bytes:
-        asked = translate_request(body, self._state.config.limits)
+        asked = translate_request(body, self._state.config.limits, lambda model: self._caching(model, tenant))
         _ASKED.set(asked)
         return orjson.dumps(asked.chat)
+
+    def _caching(self, model: str, tenant: Tenant | None) -> bool:
+        """Whether the route may send the request to one of Anthropic's models, which take ``cache_control``."""
+        state = self._state
+        route = state.routes.get(model)
+        if route is None:
+            return False
+        targets = route.targets_for(tenant.name) if tenant is not None else route.targets
+        hosted = state.hosted_models
+        return any(name in hosted and _anthropic(hosted[name].litellm_model) for name in targets)
 
     async def whole(self, chat: dict[str, Any]) -> bytes:
         asked = _ASKED.get()

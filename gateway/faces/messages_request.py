@@ -3,12 +3,14 @@
 Every field Anthropic's API takes is either translated or refused by name with a 400, so a client never
 learns only from a model's odd answer that a field was dropped. Content blocks map to chat content parts
 (text, images as ``image_url``), ``tool_use`` blocks to an assistant's ``tool_calls`` and ``tool_result``
-blocks to ``tool`` messages; a block's ``cache_control`` stays on its text part, where litellm hands it to
-Anthropic's hosted models (replicas ignore it).
+blocks to ``tool`` messages. A block's ``cache_control`` stays on its part when the route may send the
+request to one of Anthropic's models, where litellm hands it on; elsewhere it is dropped, as replicas have no
+use for it and OpenAI's API refuses fields it does not know.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +53,9 @@ class MessagesRequest:
     stop_sequences: tuple[str, ...]
 
 
-def translate_request(body: bytes, limits: LimitsConfig) -> MessagesRequest:
-    """The chat-completions request for an Anthropic Messages body; raises a 400 :class:`ApiError` for bad input."""
+def translate_request(body: bytes, limits: LimitsConfig, caching: Callable[[str], bool]) -> MessagesRequest:
+    """The chat-completions request for an Anthropic Messages body; raises a 400 :class:`ApiError` for bad input.
+    ``caching`` says whether a model (a route's name) keeps ``cache_control`` on content parts."""
     payload = parse_json_object(body)
     for name in payload:
         if name in _UNSUPPORTED:
@@ -65,7 +68,7 @@ def translate_request(body: bytes, limits: LimitsConfig) -> MessagesRequest:
     chat: dict[str, Any] = {"model": model, "max_tokens": _max_tokens(payload.get("max_tokens"), limits)}
     messages = _system(payload.get("system"))
     messages += _messages(payload.get("messages"), limits)
-    chat["messages"] = messages
+    chat["messages"] = messages if caching(model) else [_uncached(message) for message in messages]
     stop = _stop_sequences(payload.get("stop_sequences"))
     if stop:
         chat["stop"] = list(stop)
@@ -93,6 +96,17 @@ def translate_request(body: bytes, limits: LimitsConfig) -> MessagesRequest:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # message_delta carries the usage
     return MessagesRequest(chat=chat, model=model, stop_sequences=stop)
+
+
+def _uncached(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` without ``cache_control`` on its parts (checked, but of no use where it goes)."""
+    content = message.get("content")
+    if isinstance(content, list) and any("cache_control" in part for part in content):
+        parts = [{key: value for key, value in part.items() if key != "cache_control"} for part in content]
+        if message["role"] == "assistant":
+            return {**message, "content": _joined(parts)}
+        return {**message, "content": parts}
+    return message
 
 
 def invalid(param: str, message: str) -> ApiError:

@@ -50,8 +50,9 @@ def claude(name: str, api_base: str) -> dict:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
-    """Routes: ``chat`` (a replica), ``claude`` (a hosted model), ``limited`` (one that always answers 429),
-    ``broken`` (one whose answers break off after three tokens), ``gone`` (a replica nothing answers at)."""
+    """Routes: ``chat`` (a replica), ``claude`` (a hosted model), ``mixed`` (the replica, spilling to the hosted
+    model), ``limited`` (a hosted model that always answers 429), ``broken`` (one whose answers break off after
+    three tokens), ``gone`` (a replica nothing answers at)."""
     log_dir = tmp_path_factory.mktemp("messages")
     started: list[RunningProcess] = []
     try:
@@ -69,6 +70,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
             claude("broken", broken.url),
         ]
         config["routes"] += [{"name": name, "targets": [name]} for name in ("claude", "limited", "broken", "gone")]
+        spill = {"complexity_threshold": 0.5}
+        config["routes"].append(
+            {"name": "mixed", "targets": ["pool", "claude"], "policy": "cache_aware", "spill": spill}
+        )
         started.append(proc := start_gateway(config, log_dir))
         yield proc
     finally:
@@ -369,7 +374,8 @@ def test_a_bearer_token_and_anthropics_headers_are_accepted(gateway: RunningProc
 
 
 def test_blocks_a_replica_takes(client: anthropic.Anthropic) -> None:
-    """Text blocks marked for caching, an image, and an earlier assistant turn, on a replica."""
+    """Text blocks marked for caching, an image, and an earlier assistant turn, on a replica. On a route that may
+    spill to an Anthropic model ``cache_control`` is kept, so the replica gets it too, and takes it."""
     pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": pixel}}
     cached = {"type": "text", "text": "Describe this picture.", "cache_control": {"type": "ephemeral"}}
@@ -379,8 +385,11 @@ def test_blocks_a_replica_takes(client: anthropic.Anthropic) -> None:
         {"role": "user", "content": [image, cached]},
     ]
     system = [{"type": "text", "text": "You describe pictures.", "cache_control": {"type": "ephemeral"}}]
-    message = client.messages.create(model="chat", max_tokens=3, system=system, messages=conversation)
-    assert message.content[0].text and message.usage.output_tokens == 3
+    for route in ("chat", "mixed"):
+        raw = client.messages.with_raw_response.create(model=route, max_tokens=3, system=system, messages=conversation)
+        assert raw.headers["x-spillgate-backend"] == "pool-0"
+        message = raw.parse()
+        assert message.content[0].text and message.usage.output_tokens == 3
 
 
 def test_the_end_user_is_booked(client: anthropic.Anthropic, gateway: RunningProcess) -> None:

@@ -16,8 +16,8 @@ from spillgate.gateway.faces.messages_request import translate_request
 LIMITS = LimitsConfig()
 
 
-def chat_of(body: dict) -> dict:
-    return translate_request(orjson.dumps(body), LIMITS).chat
+def chat_of(body: dict, *, caching: bool = True) -> dict:
+    return translate_request(orjson.dumps(body), LIMITS, lambda model: caching).chat
 
 
 def test_a_tool_conversation_becomes_chat_messages() -> None:
@@ -94,6 +94,21 @@ def test_cache_control_and_images_stay_on_their_parts() -> None:
                 {"type": "text", "text": "t", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
             ],
         }
+    ]
+
+
+def test_cache_control_is_dropped_where_no_anthropic_model_can_serve() -> None:
+    control = {"cache_control": {"type": "ephemeral"}}
+    system = [{"type": "text", "text": "s", **control}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "u", **control}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "a", **control}]},
+    ]
+    chat = chat_of({"model": "m", "max_tokens": 1, "system": system, "messages": messages}, caching=False)
+    assert chat["messages"] == [
+        {"role": "system", "content": [{"type": "text", "text": "s"}]},
+        {"role": "user", "content": [{"type": "text", "text": "u"}]},
+        {"role": "assistant", "content": "a"},
     ]
 
 
