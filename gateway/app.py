@@ -26,6 +26,7 @@ from spillgate.gateway.errors import ApiError, error_body, unknown_path, wrong_m
 from spillgate.gateway.faces.bridge import FaceHandler
 from spillgate.gateway.faces.messages import MessagesFace
 from spillgate.gateway.faces.responses import ResponsesFace
+from spillgate.gateway.faces.responses_api import responses_router
 from spillgate.gateway.observability.access_log import AccessLog
 from spillgate.gateway.observability.dashboard import dashboard_router
 from spillgate.gateway.observability.trace_context import client_trace, trace_id_of
@@ -346,6 +347,7 @@ def build_control_app(state: GatewayState, access_log: AccessLog | None = None, 
     app.include_router(keys_router(state))
     app.include_router(capacity_router(state))
     app.include_router(dashboard_router(state))
+    app.include_router(responses_router(state))
     install_openapi(app)
     return app
 

@@ -51,6 +51,8 @@ SERVED = (
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/responses",
+    "GET /v1/responses/{id}",
+    "DELETE /v1/responses/{id}",
     "POST /v1/messages",
     "POST /v1/embeddings",
     "GET /v1/models",
@@ -61,8 +63,8 @@ SERVED = (
     "GET /ready",
     "GET /openapi.json",
 )
-"""What a client may call, named in every unknown-path answer (the ``/v1`` prefix is optional on the first seven;
-the admin API and the dashboard are in ``/openapi.json``)."""
+"""What a client may call, named in every unknown-path answer (the ``/v1`` prefix is optional on the generation
+endpoints and the models; the admin API and the dashboard are in ``/openapi.json``)."""
 
 _NOT_YET = {
     "/v1/moderations": "moderations",
