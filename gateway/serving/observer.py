@@ -59,7 +59,7 @@ class RequestObserver:
         now = time.perf_counter()
         prompt = None
         if settings.include_prompt and payload is not None:
-            prompt = payload.get("messages", payload.get("prompt"))
+            prompt = payload.get("messages", payload.get("prompt", payload.get("input")))
         self.access.submit(
             AccessRecord(
                 time=time.time(),
