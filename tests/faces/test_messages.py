@@ -134,6 +134,16 @@ def test_the_event_stream_on_the_wire(gateway: RunningProcess) -> None:
     assert names[:3] == ["message_start", "content_block_start", "ping"] and names[-1] == "message_stop"
 
 
+def test_the_path_without_v1_and_a_wrong_method(gateway: RunningProcess) -> None:
+    body = {"model": "chat", "max_tokens": 2, "messages": HELLO}
+    headers = {"x-api-key": TENANT_KEY, "anthropic-version": "2023-06-01"}
+    response = httpx.post(gateway.url + "/messages", json=body, headers=headers, timeout=30)
+    assert response.status_code == 200 and response.json()["type"] == "message"
+    wrong = httpx.get(gateway.url + "/v1/messages", headers=headers, timeout=30)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_a_system_prompt_is_part_of_the_prompt(client: anthropic.Anthropic) -> None:
     plain = client.messages.create(model="chat", max_tokens=1, messages=HELLO)
     system = "You are a terse assistant who answers in one word, always, whatever you are asked."
