@@ -36,22 +36,24 @@ class Choice:
     def req(self) -> SimRequest:
         return self.handle.req
 
-    def text(self, finished: bool = True) -> str:
-        return self.req.tokens.text(finished=finished)
+    def text(self, finished: bool = True, tokens: int | None = None) -> str:
+        return self.req.tokens.text(finished=finished, tokens=tokens)
 
     def advance(self, update: Update) -> tuple[str, list[str]]:
-        """The text and the tokens (as text, for logprobs) this update adds to what was sent."""
-        text = self.text(update.finished)
-        delta, self.chars = text[self.chars :], max(self.chars, len(text))
+        """The text and the tokens (as text, for logprobs) this update adds to what was sent. Read up to the
+        update's last token: a stream that fell behind the scheduler must not send later tokens early."""
         end = self.tokens + len(update.new_ids)
+        text = self.text(update.finished, end)
+        delta, self.chars = text[self.chars :], max(self.chars, len(text))
         tokens = token_texts(self.req, self.tokens, end)
         self.tokens = end
         return delta, tokens
 
     def arguments_delta(self, finished: bool) -> str | None:
-        """New argument text of the choice's tool call; None until the call's name has been written."""
+        """New argument text of the choice's tool call (up to the tokens :meth:`advance` took); None until the
+        call's name has been written."""
         plan = self.plan
-        text = self.text(finished)
+        text = self.text(finished, self.tokens)
         if plan.call is None or len(text) < plan.arguments_start:
             return None
         arguments = streamed_arguments(plan, text)

@@ -121,13 +121,13 @@ class TokenStream:
     def matched_stop(self) -> str | None:
         return self.stop.matched if self.stop is not None else None
 
-    def text(self, *, finished: bool) -> str:
-        """The reply so far as a client may see it: cut before a matched stop string, and while running without
-        a tail that may yet become one."""
-        text = "".join(self.texts)
+    def text(self, *, finished: bool, tokens: int | None = None) -> str:
+        """The reply as a client may see it after its first ``tokens`` tokens (default all so far): cut before a
+        matched stop string, and while running without a tail that may yet become one."""
+        text = "".join(self.texts[:tokens])
         if self.stop is None:
             return text
-        if self.stop.cut is not None:
+        if self.stop.cut is not None and self.stop.cut <= len(text):
             return text[: self.stop.cut]
         return text if finished else text[: len(text) - self.stop.held_back(text)]
 

@@ -312,13 +312,13 @@ async def chat_completions(request: Request, replica: ReplicaDep) -> Response:
 def _tool_delta(choice: Choice, finished: bool, named: bool) -> list[dict[str, Any]] | None:
     """vLLM's forced-call streaming (``tool_parsers/streaming.py``): the first delta carries the id, type, name and
     the arguments so far, later ones only new argument text (``name`` null for "required", absent for a named
-    tool)."""
+    tool, whose every token gets a delta, empty ones included)."""
     call = choice.plan.call
     if call is None:
         return None
     first = choice.call_id is None
     arguments = choice.arguments_delta(finished)
-    if arguments is None or (not first and not arguments) or (first and not arguments and not named):
+    if arguments is None or (not arguments and not named):
         return None
     if first:
         choice.call_id = vllm_payloads.tool_call_id()
@@ -339,11 +339,18 @@ async def _chat_stream(
         yield sse_event({**head, "choices": [first], "prompt_token_ids": None, "prompt_text": None})
     k = _top_k(body.top_logprobs, body.logprobs)
     named = isinstance(body.tool_choice, dict)
+    parsing = replica.config.tool_call_parser is not None and replica.config.enable_auto_tool_choice
     async for choice, update in merged(choices):
         req = choice.req
         start = choice.tokens
         text, tokens = choice.advance(update)
         delta: dict[str, Any] = {"content": text}
+        if not text and parsing:
+            # With a parser the empty text parses to nothing: no chunk, or an empty delta to carry the finish or
+            # the logprobs (without one, vLLM sends the empty text).
+            if not update.finished and k is None:
+                continue
+            delta = {}
         if choice.plan.call is not None:
             calls = _tool_delta(choice, update.finished, named)
             delta = {"tool_calls": calls} if calls else {}

@@ -22,7 +22,8 @@ def stop_reason(req: SimRequest) -> str | None:
 
 
 def tool_call_id() -> str:
-    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+    """``make_tool_call_id``: ``random_uuid()``, 16 hex digits in 0.32."""
+    return f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
 
 
 def message(content: str | None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:

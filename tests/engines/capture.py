@@ -232,10 +232,12 @@ def _write_kv_events(source: Path, target: Path, meta: dict[str, Any]) -> None:
 
 FEATURE_FLAGS = {
     "sglang": ("--tool-call-parser", "llama3"),
-    "vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"),
+    "vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
 }
 """Added for the feature captures: both engines serve a forced tool call only with a parser (vLLM refuses any
-``tool_choice`` but "none" unless both flags are set; SGLang leaves the call's JSON in ``content``)."""
+``tool_choice`` but "none" unless both flags are set; SGLang leaves the call's JSON in ``content``). vLLM's
+``llama3_json`` needs ``<|python_tag|>`` in the tokenizer, which the tiny model lacks; ``required`` and named
+calls take the same parser-independent path with any parser."""
 WEATHER_TOOL = {
     "type": "function",
     "function": {

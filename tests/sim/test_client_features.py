@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.sim.conftest import StartReplica
+from tests.support.gateway import TENANT_KEY, gateway_over_one_replica
 from tests.support.procs import RunningProcess
 
 MODEL = "sim-model"
@@ -270,3 +271,43 @@ def test_bad_tool_choices_are_refused_in_the_engines_words(face: tuple[str, Runn
         assert response.json()["message"] == "Tool 'nope' not found in tools list."
     else:
         assert "does not match any of the specified `tools`" in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """The gateway over one simulated SGLang replica that parses tool calls."""
+    log_dir = tmp_path_factory.mktemp("features-gateway")
+    yield from gateway_over_one_replica(
+        log_dir, lambda config: None, "--time-scale", "0.02", "--tool-call-parser", "llama3"
+    )
+
+
+def test_the_features_pass_through_the_gateway_intact(gateway: RunningProcess) -> None:
+    with openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0) as sdk:
+        ask = sdk.chat.completions.create
+        two = ask(model="chat", messages=USER, max_tokens=4, n=2)  # type: ignore[call-overload]
+        assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 8
+
+        called = ask(model="chat", messages=USER, tools=TOOLS, tool_choice="required", seed=2)  # type: ignore[call-overload]
+        assert called.choices[0].finish_reason == "tool_calls"
+        _check_call(called.choices[0].message.tool_calls[0])
+
+        chunks = list(ask(model="chat", messages=USER, tools=TOOLS, tool_choice="required", seed=2, stream=True))  # type: ignore[call-overload]
+        deltas = [call for chunk in chunks for c in chunk.choices for call in c.delta.tool_calls or []]
+        assert deltas[0].id and deltas[0].function.name == called.choices[0].message.tool_calls[0].function.name
+        assert (
+            "".join(d.function.arguments or "" for d in deltas)
+            == called.choices[0].message.tool_calls[0].function.arguments
+        )
+
+        scored = ask(model="chat", messages=USER, max_tokens=3, logprobs=True, top_logprobs=2)  # type: ignore[call-overload]
+        assert len(scored.choices[0].logprobs.content) == 3
+        assert all(len(item.top_logprobs) == 2 for item in scored.choices[0].logprobs.content)
+
+        schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+        shaped = ask(model="chat", messages=USER, response_format=schema)  # type: ignore[call-overload]
+        jsonschema.validate(json.loads(shaped.choices[0].message.content), ANSWER)
+
+        stopped = ask(model="chat", messages=USER, max_tokens=40, seed=5, stop=[" the", " a"])  # type: ignore[call-overload]
+        assert stopped.choices[0].finish_reason in ("stop", "length")
+        assert " the" not in stopped.choices[0].message.content

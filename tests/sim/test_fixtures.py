@@ -114,7 +114,7 @@ def exchange_cases() -> list[Any]:
                 if path.stem.startswith(("metrics", "server_info", "get_server_info", "kv_events", "model_info")):
                     continue  # compared by the tests below, not field by field
                 if path.stem.startswith("feature_"):
-                    continue  # captured with other flags: test_client_feature_fixtures.py
+                    continue  # captured with other flags: test_client_features_fixtures.py
                 cases.append(pytest.param(engine, profile, path, id=f"{engine}/{profile}/{path.stem}"))
     return cases
 
