@@ -24,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from spillgate.gateway.accounting.quota_redis import OUTAGE_ERRORS
 from spillgate.gateway.tenancy.managed_keys import KeyLimits, KeyStoreUnavailable, ManagedKey, make_key
@@ -68,6 +71,8 @@ class ManagedKeys:
         self._store: RedisKeyStore | None = None
         self._clients: list[aioredis.Redis] = []
         self._following: asyncio.Task[None] | None = None
+        self._mirroring: asyncio.Task[None] | None = None
+        self._unmirrored = False
         self._lock = asyncio.Lock()
         self._loaded = asyncio.Event()
 
@@ -202,7 +207,9 @@ class ManagedKeys:
         self._used.update(used)
         if self._redis_url is None:
             return
-        client = aioredis.from_url(self._redis_url, socket_timeout=2.0, socket_connect_timeout=1.0)
+        # One retry on a broken connection: after Redis restarts every pooled connection is dead.
+        retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        client = aioredis.from_url(self._redis_url, socket_timeout=2.0, socket_connect_timeout=1.0, retry=retry)
         listener = aioredis.from_url(self._redis_url, socket_timeout=5.0, socket_connect_timeout=1.0)
         self._clients = [client, listener]
         self._store = RedisKeyStore(client, self._prefix)
@@ -215,6 +222,8 @@ class ManagedKeys:
             self._following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._following
+        if self._mirroring is not None:
+            await self._mirroring
         if self._store is not None:
             with contextlib.suppress(*OUTAGE_ERRORS):
                 await self._store.record_use(self._unflushed)
@@ -273,7 +282,7 @@ class ManagedKeys:
             if epoch == self._epoch + 1:
                 self._epoch = epoch
                 self._synced_at = time.monotonic()
-                await asyncio.to_thread(write_file, self._data_dir, self.records(), dict(self._used))
+                self._mirror_soon()
                 return
         if epoch > self._epoch:
             await self._reload()  # one was missed
@@ -286,7 +295,23 @@ class ManagedKeys:
             self._apply(records)
             self._epoch = epoch
             self._synced_at = time.monotonic()
-            await asyncio.to_thread(write_file, self._data_dir, self.records(), dict(self._used))
+        self._mirror_soon()
+
+    def _mirror_soon(self) -> None:
+        """Copy the set into the data directory after this change is acknowledged: should Redis come back empty
+        (the private one of ``serve --workers`` ends with the gateway), the copy brings the keys back."""
+        self._unmirrored = True
+        if self._mirroring is None or self._mirroring.done():
+            self._mirroring = asyncio.create_task(self._mirror())
+
+    async def _mirror(self) -> None:
+        await asyncio.sleep(0)  # after the acknowledgement
+        while self._unmirrored:
+            self._unmirrored = False
+            try:
+                await asyncio.to_thread(write_file, self._data_dir, self.records(), dict(self._used))
+            except OSError as exc:
+                log.error("managed keys: cannot write their copy in %s: %s", self._data_dir, exc)
 
     def _apply(self, records: list[ManagedKey]) -> None:
         for record in records:

@@ -5,7 +5,8 @@ keeps them across restarts."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from tests.gateway.test_managed_keys import (
     status_of,
 )
 from tests.support.gateway import start_gateway, start_replica
-from tests.support.procs import RunningProcess
+from tests.support.procs import RunningProcess, free_port
+from tests.support.redis_server import redis_url as private_redis
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +132,37 @@ def test_an_emptied_redis_gets_the_keys_back_from_the_data_directory(
         assert chat(second, kept["key"])
     finally:
         second.stop()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("rule", ["fail_open", "fail_closed"])
+def test_a_redis_outage_never_answers_500(replica: RunningProcess, tmp_path: Path, rule: str) -> None:
+    """Config keys keep working; managed keys follow ``on_redis_outage``: the last known set keeps working
+    (fail_open) or every managed key is refused with a 503 until Redis is back (fail_closed)."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    config = keys_config(replica, tmp_path / "data", redis_url=url, key_prefix="outage", on_redis_outage=rule)
+    with private_redis(tmp_path, port=port):
+        gateway = start_gateway(config, tmp_path)
+        made = create(gateway)
+        assert chat(gateway, made["key"])
+    try:
+        assert chat(gateway, CONFIG_KEY)
+        down = admin(gateway, "POST", "/admin/keys", json={"tenant": "acme"})
+        assert down.status_code == 503 and down.json()["error"]["code"] == "key_store_unavailable"
+        if rule == "fail_open":
+            assert chat(gateway, made["key"])
+        else:
+            eventually(lambda: status_of(gateway, made["key"]) == 503)
+        assert chat(gateway, CONFIG_KEY)
+        with private_redis(tmp_path, port=port):
+            eventually(lambda: status_of(gateway, made["key"]) == 200)
+            assert chat(gateway, create(gateway)["key"])
+    finally:
+        gateway.stop()
