@@ -56,8 +56,8 @@ def chat(gateway: RunningProcess, key: str) -> str:
     return answer.choices[0].message.content or ""
 
 
-def status_of(gateway: RunningProcess, key: str) -> int:
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+def status_of(gateway: RunningProcess, key: str, max_tokens: int = 2) -> int:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
     response = httpx.post(
         gateway.url + "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=30
     )
@@ -227,3 +227,26 @@ def test_keys_survive_a_restart_in_a_private_file(replica: RunningProcess, tmp_p
         assert listed[kept["id"]]["last_used_at"] is not None
     finally:
         second.stop()
+
+
+def test_a_key_with_its_own_daily_budget_is_refused_past_it(replica: RunningProcess, tmp_path: Path) -> None:
+    """A pool priced so a request costs its output tokens in dollars: a $12 key budget pays for two requests of
+    5 tokens, not a third; the tenant's config key still gets through."""
+    config = keys_config(replica, tmp_path / "data")
+    config["pools"][0] |= {"gpu_usd_per_hour": 3600, "output_tokens_per_s": 1, "prefill_tokens_per_s": 1e9}
+    gateway = start_gateway(config, tmp_path)
+    try:
+        key = create(gateway, budget={"usd_per_day": 12})["key"]
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+        def ask(bearer: str) -> httpx.Response:
+            headers = {"authorization": f"Bearer {bearer}"}
+            return httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+        assert [ask(key).status_code for _ in range(2)] == [200, 200]
+        refused = ask(key)
+        assert refused.status_code == 429, refused.text
+        assert "own limit" in refused.json()["error"]["message"]
+        assert ask(CONFIG_KEY).status_code == 200
+    finally:
+        gateway.stop()

@@ -166,3 +166,25 @@ def test_a_redis_outage_never_answers_500(replica: RunningProcess, tmp_path: Pat
             assert chat(gateway, create(gateway)["key"])
     finally:
         gateway.stop()
+
+
+def test_a_per_key_budget_holds_across_processes(replica: RunningProcess, redis_url: str, tmp_path: Path) -> None:
+    """Priced so a request of 5 tokens costs $5: a $12 key budget pays for one request on each process, and
+    refuses the third wherever it is sent."""
+    prefix = "keys-" + secrets.token_hex(4)
+    gateways = []
+    try:
+        for name in ("one", "two"):
+            config = fleet_config(replica, redis_url, tmp_path / name, prefix)
+            config["pools"][0] |= {"gpu_usd_per_hour": 3600, "output_tokens_per_s": 1, "prefill_tokens_per_s": 1e9}
+            gateways.append(start_gateway(config, tmp_path))
+        one, two = gateways
+        key = create(one, budget={"usd_per_day": 12})["key"]
+        assert status_of(one, key, max_tokens=5) == 200
+        assert status_of(two, key, max_tokens=5) == 200
+        assert status_of(one, key, max_tokens=5) == 429
+        assert status_of(two, key, max_tokens=5) == 429
+        assert status_of(two, CONFIG_KEY, max_tokens=5) == 200
+    finally:
+        for gateway in gateways:
+            gateway.stop()
