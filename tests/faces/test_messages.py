@@ -56,7 +56,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
     log_dir = tmp_path_factory.mktemp("messages")
     started: list[RunningProcess] = []
     try:
-        started.append(replica := start_replica(log_dir, "--time-scale", "0.02"))
+        started.append(replica := start_replica(log_dir, "--time-scale", "0.02", "--tool-call-parser", "llama3"))
         started.append(hosted := start_hosted(log_dir))
         started.append(limited := start_hosted(log_dir, "--fail-429-every", "1", "--retry-after-s", "7"))
         started.append(broken := start_hosted(log_dir, "--malformed-after-chunks", "3"))
@@ -422,3 +422,29 @@ def test_a_stop_sequence_is_named(client: anthropic.Anthropic) -> None:
     message = client.messages.create(model="chat", max_tokens=12, messages=HELLO, stop_sequences=[stop])
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
     assert stop not in message.content[0].text
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_a_replica_forced_to_call_a_tool(client: anthropic.Anthropic, choice: dict) -> None:
+    """A replica calls a tool when forced to (a grammar, as SGLang and vLLM do), whole and streamed; with
+    ``auto`` the simulated replica answers in text, so the round trip runs on the hosted route above."""
+    message = client.messages.create(
+        model="chat", max_tokens=200, tools=[WEATHER], tool_choice=choice, messages=ASK_WEATHER
+    )
+    assert message.stop_reason == "tool_use", message
+    call = message.content[-1]
+    assert call.type == "tool_use" and call.name == "get_weather" and isinstance(call.input, dict) and call.id
+    with client.messages.stream(
+        model="chat", max_tokens=200, tools=[WEATHER], tool_choice=choice, messages=ASK_WEATHER
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].type == "tool_use"
+    assert streamed.content[-1].input == call.input
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees and sunny."}
+    conversation = [
+        *ASK_WEATHER,
+        {"role": "assistant", "content": message.content},
+        {"role": "user", "content": [result]},
+    ]
+    answer = client.messages.create(model="chat", max_tokens=4, tools=[WEATHER], messages=conversation)
+    assert answer.content[0].type == "text" and answer.stop_reason == "max_tokens"
