@@ -273,13 +273,17 @@ def test_bad_tool_choices_are_refused_in_the_engines_words(face: tuple[str, Runn
         assert "does not match any of the specified `tools`" in response.json()["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
-    """The gateway over one simulated SGLang replica that parses tool calls."""
-    log_dir = tmp_path_factory.mktemp("features-gateway")
-    yield from gateway_over_one_replica(
-        log_dir, lambda config: None, "--time-scale", "0.02", "--tool-call-parser", "llama3"
-    )
+@pytest.fixture(scope="module", params=["sglang", "vllm"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    """The gateway over one simulated replica of each engine that parses tool calls."""
+    engine = request.param
+    log_dir = tmp_path_factory.mktemp(f"features-gateway-{engine}")
+    flags = ("--engine", engine, "--tool-call-parser", PARSER[engine], "--enable-auto-tool-choice")
+
+    def name_the_engine(config: dict[str, Any]) -> None:
+        config["pools"][0]["engine"] = engine
+
+    yield from gateway_over_one_replica(log_dir, name_the_engine, "--time-scale", "0.02", *flags)
 
 
 def test_the_features_pass_through_the_gateway_intact(gateway: RunningProcess) -> None:
