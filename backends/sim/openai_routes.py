@@ -167,7 +167,9 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _chat_logprobs(choice: Choice, body: ChatCompletionRequest, tokens: list[str] | None = None, start: int = 0):
+def _chat_logprobs(
+    choice: Choice, body: ChatCompletionRequest, tokens: list[str] | None = None, start: int = 0
+) -> dict[str, Any] | None:
     """``{"content": [...]}`` for the whole reply, or for ``tokens`` from ``start`` (a stream's chunk)."""
     if not body.logprobs:
         return None
