@@ -25,6 +25,8 @@ from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, sta
 from tests.support.procs import RunningProcess
 
 AUTH = {"authorization": f"Bearer {TENANT_KEY}"}
+ADMIN_KEY = "sk-embeddings-admin"
+ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 PROVIDER_KEY = "sk-embedding-provider-77"
 HOSTED_USD_PER_MTOK = 0.5
 HIDDEN_SIZE = 4096
@@ -121,6 +123,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, recorder: Recorder) -> Ite
             {"name": "embed-hosted", "targets": ["provider"]},
         ]
         config["health"]["generation_check_s"] = 0
+        config["admin"] = {"keys": [ADMIN_KEY]}
         gateway = start_gateway(config, log_dir)
         try:
             yield gateway
@@ -287,6 +290,10 @@ def test_each_route_takes_only_its_own_task(gateway: RunningProcess) -> None:
     assert "does not serve embeddings" in error["message"]
     answer = sdk.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert answer.choices[0].message.content is not None, "generation routes still generate"
+    # The other APIs' faces go through chat's admission: refused the same way, in their own shape.
+    message = {"model": "embed", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    refusal = httpx.post(gateway.url + "/v1/messages", json=message, headers=AUTH, timeout=10)
+    assert refusal.status_code == 400 and "/v1/embeddings" in refusal.text
 
 
 @pytest.mark.parametrize(
@@ -339,3 +346,23 @@ def test_the_access_log_has_one_line_per_embeddings_request(gateway: RunningProc
     (line,) = lines()
     assert (line["path"], line["status"], line["outcome"], line["route"]) == ("/v1/embeddings", 200, "ok", "embed")
     assert line["prompt_tokens"] == answer.usage.prompt_tokens and line["output_tokens"] == 0
+
+
+def test_a_live_edit_of_a_pools_task_changes_what_its_routes_take(gateway: RunningProcess) -> None:
+    sdk = client(gateway)
+    versioned = httpx.get(gateway.url + "/admin/config", headers=ADMIN).json()
+    config = versioned["config"]
+    (pool,) = [p for p in config["pools"] if p["name"] == "embedder"]
+    pool["task"] = "generate"
+    edited = httpx.put(gateway.url + "/admin/config", json=config, headers=ADMIN, timeout=30)
+    assert edited.status_code == 200, edited.text
+    try:
+        answer = sdk.chat.completions.create(model="embed", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert answer.choices, "a generation route now"
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.embeddings.create(model="embed", input="hi")
+        assert refused.value.body["code"] == "wrong_model_task"
+    finally:
+        rolled = httpx.post(gateway.url + f"/admin/config/rollback/{versioned['version']}", headers=ADMIN, timeout=30)
+        assert rolled.status_code == 200, rolled.text
+    assert len(sdk.embeddings.create(model="embed", input="hi").data) == 1
