@@ -249,6 +249,7 @@ def test_a_stop_string_ends_the_text_before_it(face: tuple[str, RunningProcess],
     assert "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices) == cut
     last = [c for chunk in chunks for c in chunk.choices if c.finish_reason][-1]
     assert last.finish_reason == "stop"
+    assert (last.model_extra or {}).get("matched_stop" if engine == "sglang" else "stop_reason") == stop
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens < 40
 
     text = client.completions.create(model=MODEL, prompt="Once", max_tokens=30, seed=5).choices[0].text
@@ -315,3 +316,35 @@ def test_the_features_pass_through_the_gateway_intact(gateway: RunningProcess) -
         stopped = ask(model="chat", messages=USER, max_tokens=40, seed=5, stop=[" the", " a"])  # type: ignore[call-overload]
         assert stopped.choices[0].finish_reason in ("stop", "length")
         assert " the" not in stopped.choices[0].message.content
+
+
+SCHEMAS_TO_FILL = [
+    ANSWER,
+    WEATHER["function"]["parameters"],
+    {
+        "type": "object",
+        "properties": {
+            "id": {"const": "fixed"},
+            "when": {"type": ["string", "null"]},
+            "either": {"anyOf": [{"type": "integer", "minimum": 5, "maximum": 9}, {"type": "string"}]},
+            "nested": {
+                "type": "object",
+                "properties": {"deep": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 4}},
+                "required": ["deep"],
+            },
+            "short": {"type": "string", "maxLength": 4},
+        },
+        "required": ["id", "when", "either", "nested", "short"],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS_TO_FILL, ids=["answer", "weather", "nested"])
+def test_json_written_for_a_schema_always_matches_it(client: openai.OpenAI, schema: dict[str, Any]) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    texts = set()
+    for seed in range(12):
+        text = chat(client, response_format=response_format, seed=seed).choices[0].message.content
+        jsonschema.validate(json.loads(text), schema)
+        texts.add(text)
+    assert len(texts) > 1  # the seed picks the values
