@@ -1,7 +1,7 @@
 """How well the complexity classifier separates hard asks from easy ones, on prompts the project did not write.
 
     python -m tests.bench.complexity_eval [--threshold 0.5] [--split test] [--repeats 50] [--fit]
-        [--workloads 300] [--cv]
+        [--workloads 300] [--cv] [--model FILE|routellm [--share 0.2]]
 
 The set (policies/complexity_eval, built by tests/bench/build_complexity_eval.py from public benchmarks) has three
 groups: hard asks (labelled complex), easy asks, and long-context easy asks (an easy ask behind a long system
@@ -39,6 +39,8 @@ from spillgate.policies.complexity import (
     extract_features,
     fit_logistic,
 )
+from spillgate.policies.complexity_modelfile import load_model
+from spillgate.policies.complexity_ngram import NgramClassifier
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "policies" / "complexity_eval"
 TRAIN_PERCENT = 60
@@ -117,7 +119,7 @@ def metrics(scores: Sequence[float], labels: Sequence[bool], threshold: float) -
     return Metrics(precision, recall, f1, (tp + tn) / max(1, len(labels)), tp, fp, fn, tn)
 
 
-def score_items(classifier: ComplexityClassifier, items: Sequence[dict[str, Any]]) -> list[float]:
+def score_items(classifier: Any, items: Sequence[dict[str, Any]]) -> list[float]:
     return [classifier.score(request_of(item)).score for item in items]
 
 
@@ -261,7 +263,7 @@ def workload_requests(kind: str, count: int) -> list[dict[str, Any]]:
     return asyncio.run(collect())
 
 
-def print_workloads(classifier: ComplexityClassifier, count: int, threshold: float) -> None:
+def print_workloads(classifier: Any, count: int, threshold: float) -> None:
     print()
     for kind in ("gsp", "chat", "agent"):
         scores = [classifier.score(body).score for body in workload_requests(kind, count)]
@@ -310,6 +312,8 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help="also fit weights on the train split and report them")
     parser.add_argument("--workloads", type=int, default=0, help="score this many gsp, chat and agent requests")
     parser.add_argument("--cv", action="store_true", help="only cross-validate on the train split (no test figures)")
+    parser.add_argument("--model", help="a complexity model file, or 'routellm' (shipped)")
+    parser.add_argument("--share", type=float, help="with --model: threshold for this share of asks called complex")
     args = parser.parse_args()
 
     if args.cv:
@@ -318,7 +322,13 @@ def main() -> None:
 
     items = load_split(args.split)
     labels = labels_of(items)
-    classifier = ComplexityClassifier()
+    classifier: Any = ComplexityClassifier()
+    if args.model:
+        model = load_model(args.model)
+        classifier = NgramClassifier(model)
+        if args.share is not None:
+            args.threshold = model.threshold_for_share(args.share)
+        print(f"model {args.model}, threshold {args.threshold:.4f}")
     scores = score_items(classifier, items)
     complex_count = sum(labels)
     print(f"{args.split} split: {len(items)} items, {complex_count} complex, {len(items) - complex_count} simple")

@@ -1,0 +1,162 @@
+"""Complexity routing judged on RouteLLM's evidence: PGR curve, APGR, CPT(50%) and CPT(80%) per set and router.
+
+    python -m tests.bench.complexity_routellm [--curve] [--cross] [--latency] [--settings]
+
+The evidence (policies/complexity_eval/routellm.jsonl.gz, built by tests/bench/build_routellm_evidence.py) is
+MMLU, GSM8K and MT-bench prompts with Mixtral-8x7B's (weak) and GPT-4's (strong) results, contaminated prompts left
+out. Items are split by a hash of their id (60% train, 40% test); every router that learns is fitted on the train
+split of MMLU, GSM8K and MT-bench together and scored on each set's test split. Rows: a random router (its expected
+figures), length only (the ask's characters), the built-in cue score, the cue model refit on the evidence labels, a
+logistic model on word n-grams, the same with the cues, and RouteLLM's published routers (their paper's figures on
+the full sets, cited in ``PUBLISHED``). ``--cross`` trains on one set and scores the others; ``--curve`` prints PGR
+at every tenth of strong calls; ``--latency`` times the shipped model on a 2k-token ask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from spillgate.policies.complexity import ComplexityClassifier, extract_features, fit_logistic
+from spillgate.policies.complexity_curve import RANDOM, Summary, routing_curve, summarize
+from spillgate.policies.complexity_data import Record, read_evidence, split_of
+from spillgate.policies.complexity_ngram import (
+    Example,
+    NgramClassifier,
+    NgramModel,
+    TrainSettings,
+    ask_text,
+    score_example,
+    train,
+)
+from tests.bench.complexity_eval import EVAL_DIR
+
+EVIDENCE = EVAL_DIR / "routellm.jsonl.gz"
+SETS = ("mmlu", "gsm8k", "mt_bench")
+
+Scorer = Callable[[Sequence[Record]], list[float]]
+
+
+def load(path: Path = EVIDENCE) -> list[Record]:
+    return read_evidence(path)
+
+
+def examples(records: Sequence[Record]) -> list[Example]:
+    out = []
+    for record in records:
+        text, features = ask_text(record.payload)
+        out.append(Example(text, features, record.label))
+    return out
+
+
+def length_scorer(records: Sequence[Record]) -> list[float]:
+    return [float(len(ask_text(r.payload)[0])) for r in records]
+
+
+def builtin_scorer(records: Sequence[Record]) -> list[float]:
+    classifier = ComplexityClassifier()
+    return [classifier.score(r.payload).score for r in records]
+
+
+def cue_refit(train_records: Sequence[Record]) -> Scorer:
+    model = fit_logistic([extract_features(r.payload) for r in train_records], [r.label for r in train_records])
+    return lambda records: [model.score(extract_features(r.payload)) for r in records]
+
+
+def ngram_router(train_records: Sequence[Record], settings: TrainSettings) -> tuple[NgramModel, Scorer]:
+    model = train(examples(train_records), settings)
+    return model, lambda records: [score_example(model, e) for e in examples(records)]
+
+
+def by_set(records: Sequence[Record], name: str) -> list[Record]:
+    return [r for r in records if r.set == name]
+
+
+def figures(scores: Sequence[float], records: Sequence[Record]) -> Summary:
+    return summarize(routing_curve(scores, [r.outcome for r in records]))
+
+
+# The routers of RouteLLM (Ong et al., "RouteLLM: Learning to Route LLMs with Preference Data", arXiv 2406.18665,
+# v4), GPT-4-1106-preview vs Mixtral-8x7B on the same decontaminated sets: the best figure per column among its
+# routers trained on Arena preferences plus the augmentation the paper reports per benchmark. Filled in from the
+# paper's tables; see docs/performance.md for the table each comes from.
+PUBLISHED: dict[str, dict[str, Summary]] = {}
+
+
+def print_table(title: str, rows: Sequence[tuple[str, Summary]]) -> None:
+    print(f"\n{title}\n\n| router | APGR | CPT(50%) | CPT(80%) |\n| --- | --- | --- | --- |")
+    for name, s in rows:
+        print(f"| {name} | {s.apgr:.3f} | {s.cpt50:.1%} | {s.cpt80:.1%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--curve", action="store_true")
+    parser.add_argument("--cross", action="store_true")
+    parser.add_argument("--latency", action="store_true")
+    parser.add_argument("--l1", type=float, default=TrainSettings().l1)
+    parser.add_argument("--l2", type=float, default=TrainSettings().l2)
+    parser.add_argument("--alpha", type=float, default=TrainSettings().alpha)
+    parser.add_argument("--epochs", type=int, default=TrainSettings().epochs)
+    args = parser.parse_args()
+    base = TrainSettings(epochs=args.epochs, alpha=args.alpha, l1=args.l1, l2=args.l2)
+
+    records = load()
+    train_records = [r for r in records if split_of(r.id) == "train"]
+    test_records = [r for r in records if split_of(r.id) == "test"]
+    print(f"{len(records)} items: {len(train_records)} train, {len(test_records)} test")
+    started = time.perf_counter()
+    routers: dict[str, Scorer] = {"length only": length_scorer, "built-in cues": builtin_scorer}
+    routers["cues refit"] = cue_refit(train_records)
+    _, routers["n-grams"] = ngram_router(train_records, dataclasses.replace(base, use_cues=False))
+    model, routers["n-grams + cues"] = ngram_router(train_records, base)
+    print(f"trained in {time.perf_counter() - started:.0f} s; n-gram model: {len(model.ngram_weights)} weights")
+    for name in SETS:
+        subset = by_set(test_records, name)
+        rows = [("random (expected)", RANDOM)]
+        rows += [(router, figures(score(subset), subset)) for router, score in routers.items()]
+        rows += [(f"RouteLLM {router} (published)", s) for router, s in PUBLISHED.get(name, {}).items()]
+        print_table(f"{name}: test split, {len(subset)} items", rows)
+        if args.curve:
+            curve = routing_curve(routers["n-grams + cues"](subset), [r.outcome for r in subset])
+            points = "  ".join(f"{c:.0%}:{curve.pgr_at(c):.2f}" for c in [i / 10 for i in range(11)])
+            print(f"PGR by strong-call share (n-grams + cues): {points}")
+    if args.cross:
+        for source in ("mmlu", "gsm8k"):
+            fitted = [r for r in train_records if r.set == source]
+            _, scorer = ngram_router(fitted, base)
+            refit = cue_refit(fitted)
+            for target in SETS:
+                if target == source:
+                    continue
+                subset = by_set(records, target)
+                print_table(
+                    f"trained on {source} (train split), scored on all of {target} ({len(subset)} items)",
+                    [
+                        ("n-grams + cues", figures(scorer(subset), subset)),
+                        ("cues refit", figures(refit(subset), subset)),
+                    ],
+                )
+    if args.latency:
+        print_latency(model)
+
+
+def print_latency(model: NgramModel) -> None:
+    classifier = NgramClassifier(model)
+    words = " ".join(r.payload["messages"][0]["content"] for r in load()[:200]).split()
+    ask = " ".join(words[:1500])
+    payload = {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": ask}]}
+    samples = []
+    for _ in range(2000):
+        t = time.perf_counter()
+        classifier.score(payload)
+        samples.append((time.perf_counter() - t) * 1e6)
+    samples.sort()
+    print(f"\n2k-token ask ({len(ask)} chars): p50 {samples[1000]:.0f} us, p99 {samples[1980]:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
