@@ -1,4 +1,4 @@
-"""The ``spillgate`` command: ``serve``, ``bench``, ``plan``, ``sim-replica``, ``sim-hosted``."""
+"""The ``spillgate`` command: ``serve``, ``bench``, ``plan``, ``complexity``, ``sim-replica``, ``sim-hosted``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from spillgate.backends.sim import cli as sim_cli
     from spillgate.backends.sim import prompt_encoder  # noqa: F401  (prefix.tokenizer: simulated)
-    from spillgate.gateway import plan, serve
+    from spillgate.gateway import complexity_cli, plan, serve
     from spillgate.gateway.bench import cli as bench_cli
 
     serve.add_arguments(commands.add_parser("serve", help="run the gateway (default: the embedded demo)"))
@@ -22,6 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_arguments(
         commands.add_parser("plan", help="estimate replicas, GPUs and cost per day from a measured operating point")
+    )
+
+    complexity_cli.add_arguments(
+        commands.add_parser("complexity", help="train, judge and size the complexity score on routing evidence")
     )
 
     sim_cli.add_replica_arguments(
