@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,31 +24,33 @@ from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.managed_keys import KeyLimits, KeyStoreUnavailable, ManagedKey
 from spillgate.gateway.tenancy.managed_keys_service import ManagedKeys, UnknownKey
 
+_LATEST = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the latest expiry taken."""
 _LINK_S = 0.2
 """How often the running config's tenant directory is checked to still hold the managed keys (a new config
 version brings a new directory)."""
 
 
 class _Limits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    requests_per_minute: int | None = Field(default=None, ge=1)
-    tokens_per_minute: int | None = Field(default=None, ge=1)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10**9)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=10**12)
 
 
 class _Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    usd_per_day: float | None = Field(default=None, ge=0)
-    usd_per_month: float | None = Field(default=None, ge=0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    usd_per_day: float | None = Field(default=None, ge=0, le=1e9)
+    usd_per_month: float | None = Field(default=None, ge=0, le=1e9)
 
 
 class NewKey(BaseModel):
     """``POST /admin/keys``: whose key, what to call it, when it expires, and its own limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     tenant: str = Field(min_length=1)
     name: str | None = Field(default=None, max_length=200)
     expires_at: float | str | None = Field(default=None, description="unix seconds or ISO-8601 (UTC if no zone)")
-    expires_in_s: float | None = Field(default=None, gt=0)
+    expires_in_s: float | None = Field(default=None, gt=0, le=_LATEST - 2e9)
     limits: _Limits | None = None
     budget: _Budget | None = None
 
@@ -55,7 +58,7 @@ class NewKey(BaseModel):
 class Rotation(BaseModel):
     """``POST /admin/keys/{id}/rotate``: how long the old key keeps working beside the new one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     grace_s: float = Field(default=0.0, ge=0, le=30 * 86_400)
 
 
@@ -202,8 +205,12 @@ def _expiry(body: NewKey, now: float) -> float | None:
     at = body.expires_at
     if isinstance(at, str):
         at = _parse_time(at)
+    if not math.isfinite(at):
+        raise ApiError(400, "expires_at must be a time.", param="expires_at")
     if at <= now:
         raise ApiError(400, "expires_at is in the past.", param="expires_at")
+    if at > _LATEST:
+        raise ApiError(400, "expires_at is after the year 9999.", param="expires_at")
     return at
 
 
@@ -214,11 +221,11 @@ def _parse_time(text: str) -> float:
         pass
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):
         raise ApiError(
             400, f"expires_at {text!r} is neither unix seconds nor an ISO-8601 time.", param="expires_at"
         ) from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def _key_limits(body: NewKey) -> KeyLimits:
