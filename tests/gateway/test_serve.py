@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -37,6 +38,24 @@ def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> 
             model="frontier", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5, stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        # The demo's replicas parse tool calls, as a real replica started with its tool-call parser does.
+        weather = {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+        called = client.chat.completions.create(
+            model="llama-3.1-8b",
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[weather],  # type: ignore[list-item]
+            tool_choice="required",
+            max_tokens=64,
+        )
+        assert called.choices[0].finish_reason == "tool_calls"
+        call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
+        assert call.function.name == "weather" and "city" in json.loads(call.function.arguments)
 
         health = httpx.get(gateway.url + "/health").json()
         assert len([name for name in health["backends"] if name.startswith("llama-8b-")]) == 4
