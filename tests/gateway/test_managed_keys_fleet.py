@@ -4,6 +4,7 @@ keeps them across restarts."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from tests.gateway.test_managed_keys import (
     CONFIG_KEY,
@@ -38,9 +40,16 @@ def fleet_config(replica: RunningProcess, redis_url: str, data_dir: Path, prefix
 
 
 @pytest.fixture
-def fleet(replica: RunningProcess, redis_url: str, tmp_path: Path) -> Iterator[tuple[RunningProcess, RunningProcess]]:
+def prefix() -> str:
+    """This test's keys in Redis: ``<prefix>:keys:*``."""
+    return "keys-" + secrets.token_hex(4)
+
+
+@pytest.fixture
+def fleet(
+    replica: RunningProcess, redis_url: str, tmp_path: Path, prefix: str
+) -> Iterator[tuple[RunningProcess, RunningProcess]]:
     """Two gateways, each with its own data directory: all they share is Redis."""
-    prefix = "keys-" + secrets.token_hex(4)
     one = start_gateway(fleet_config(replica, redis_url, tmp_path / "one", prefix), tmp_path)
     try:
         two = start_gateway(fleet_config(replica, redis_url, tmp_path / "two", prefix), tmp_path)
@@ -188,3 +197,21 @@ def test_a_per_key_budget_holds_across_processes(replica: RunningProcess, redis_
     finally:
         for gateway in gateways:
             gateway.stop()
+
+
+def test_a_change_whose_announcement_was_missed_still_reaches_every_process(
+    fleet: tuple[RunningProcess, RunningProcess], redis_url: str, prefix: str
+) -> None:
+    """A revocation written to Redis without its announcement (as a process whose subscription broke would
+    miss it): each process sees the change counter move at its next check and reloads."""
+    one, two = fleet
+    made = create(one)
+    assert chat(two, made["key"])
+    client = redis.Redis.from_url(redis_url)
+    stored = client.hget(f"{prefix}:keys:records", made["id"])
+    assert stored is not None
+    record = json.loads(stored)
+    client.hset(f"{prefix}:keys:records", made["id"], json.dumps({**record, "revoked_at": time.time()}))
+    client.incr(f"{prefix}:keys:epoch")
+    for gateway in (one, two):
+        eventually(lambda g=gateway: status_of(g, made["key"]) == 401)
