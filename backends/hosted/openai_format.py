@@ -38,11 +38,15 @@ def usage_from(raw: dict[str, Any] | None) -> Usage | None:
     cached = prompt_details.get("cached_tokens")
     if cached is None:
         cached = raw.get("cache_read_input_tokens") or 0
+    written = prompt_details.get("cache_creation_tokens")
+    if written is None:
+        written = raw.get("cache_creation_input_tokens") or 0
     return Usage(
         prompt_tokens=int(raw.get("prompt_tokens") or 0),
         completion_tokens=int(raw.get("completion_tokens") or 0),
         cached_tokens=int(cached),
         reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        cache_write_tokens=int(written),
     )
 
 

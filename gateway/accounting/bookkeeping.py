@@ -199,7 +199,7 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str, rent: R
     # nothing and loses nothing, so its baseline is what it cost. Ledger and metrics then agree everywhere.
     reference = attempt.reference_price
     if reference is not None:
-        attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached)
+        attempt.hosted_equivalent_usd = reference.cost(prompt, completion, cached, cache_write_tokens(usage))
     else:
         attempt.hosted_equivalent_usd = attempt.cost_usd
     if price is not None and attempt.tenant is not None:
@@ -236,3 +236,10 @@ def _count_slo(metrics: GatewayMetrics, attempt: Attempt) -> None:
     result = slo_result(attempt)
     if result is not None and attempt.tenant is not None:
         metrics.slo.labels(attempt.tenant.slo_class, result).inc()
+
+
+def cache_write_tokens(usage: dict[str, Any]) -> int:
+    """``usage.prompt_tokens_details.cache_creation_tokens``: prompt tokens a hosted model wrote to its cache."""
+    details = usage.get("prompt_tokens_details")
+    written = details.get("cache_creation_tokens") if isinstance(details, dict) else None
+    return written if isinstance(written, int) and written > 0 else 0

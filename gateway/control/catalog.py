@@ -199,7 +199,9 @@ def _hosted_models(config: GatewayConfig, hosted_urls: Mapping[str, str]) -> dic
         output = hosted.output_per_mtok
         if output is None and hosted.task == "embed":
             output = 0.0  # embeddings produce no output tokens: the input price is the whole price
-        override = PriceOverride(hosted.input_per_mtok, output, hosted.cached_input_per_mtok)
+        override = PriceOverride(
+            hosted.input_per_mtok, output, hosted.cached_input_per_mtok, hosted.cache_write_per_mtok
+        )
         model = HostedModel(
             name=hosted.name,
             litellm_model=hosted.model,

@@ -333,6 +333,12 @@ class HostedModelConfig(Strict):
     input_per_mtok: float | None = Field(default=None, ge=0, description="USD per million prompt tokens")
     output_per_mtok: float | None = Field(default=None, ge=0, description="USD per million output tokens")
     cached_input_per_mtok: float | None = Field(default=None, ge=0, description="USD per million cached tokens")
+    cache_write_per_mtok: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD per million tokens written to the prompt cache (default: litellm's price, else 1.25x "
+        "input for Anthropic's models, else the input price)",
+    )
     ttft_ms: float = Field(default=500.0, gt=0, description="expected TTFT until measured")
     tpot_ms: float = Field(default=20.0, gt=0, description="expected time per output token until measured")
     timeout_s: float = Field(default=120.0, gt=0, description="longest silence from the provider")

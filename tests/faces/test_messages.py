@@ -313,10 +313,6 @@ def test_cache_reads_are_reported_and_priced_as_anthropic_bills_them(
     assert row["cost_usd"] == pytest.approx(expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the hosted client's usage does not carry cache writes yet (backends/hosted/response.py, openai_format.py)",
-)
 def test_cache_writes_are_reported_and_priced_as_anthropic_bills_them(
     client: anthropic.Anthropic, gateway: RunningProcess
 ) -> None:
