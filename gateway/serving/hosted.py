@@ -18,7 +18,7 @@ import httpx
 from spillgate.backends.hosted import HostedCompletion, HostedError, HostedModel
 from spillgate.gateway.errors import ApiError
 from spillgate.gateway.serving.exchange import JSON_HEADERS, TryElsewhere, send_answer
-from spillgate.gateway.serving.relay import send_event_error, start_stream
+from spillgate.gateway.serving.relay import embedding_usage, send_event_error, start_stream
 from spillgate.gateway.serving.upstream import UpstreamCall
 
 log = logging.getLogger("spillgate.hosted")
@@ -105,10 +105,7 @@ class HostedEmbeddingsUpstream:
         except HostedError as exc:
             raise _try_elsewhere(exc, name) from None
         attempt.first_token_at = ticket.first_token()
-        prompt = result.prompt_tokens
-        attempt.usage = (
-            None if prompt is None else {"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt}
-        )
+        attempt.usage = embedding_usage({"prompt_tokens": result.prompt_tokens})
         attempt.cost_usd = result.cost_usd
         ticket.reported(attempt.usage)
         await send_answer(call.send, attempt, 200, JSON_HEADERS, result.body)

@@ -31,6 +31,8 @@ PROVIDER_KEY = "sk-embedding-provider-77"
 HOSTED_USD_PER_MTOK = 0.5
 HIDDEN_SIZE = 4096
 RECORDER_SIZE = 3
+FAILURES = {"provider-breaks": (500, "internal trouble"), "provider-refuses": (400, "this input is not allowed")}
+"""Inputs the recorder answers with an error: status and message."""
 
 
 class Recorder(ThreadingHTTPServer):
@@ -53,6 +55,10 @@ class _RecorderHandler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         self.server.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if isinstance(inputs[0], str) and inputs[0] in FAILURES:
+            status, message = FAILURES[inputs[0]]
+            self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": None}})
+            return
         data = []
         for index in range(len(inputs)):
             vector = [float(index + 1), 0.5, -0.25]
@@ -67,8 +73,11 @@ class _RecorderHandler(BaseHTTPRequestHandler):
             "model": body["model"],
             "usage": {"prompt_tokens": words, "total_tokens": words},
         }
+        self._send(200, answer)
+
+    def _send(self, status: int, answer: dict[str, Any]) -> None:
         raw = json.dumps(answer).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(raw)))
         self.end_headers()
@@ -366,3 +375,14 @@ def test_a_live_edit_of_a_pools_task_changes_what_its_routes_take(gateway: Runni
         rolled = httpx.post(gateway.url + f"/admin/config/rollback/{versioned['version']}", headers=ADMIN, timeout=30)
         assert rolled.status_code == 200, rolled.text
     assert len(sdk.embeddings.create(model="embed", input="hi").data) == 1
+
+
+def test_a_hosted_models_failures_reach_the_client_in_openais_shape(gateway: RunningProcess) -> None:
+    sdk = client(gateway)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.embeddings.create(model="embed-hosted", input="provider-refuses", encoding_format="float")
+    assert "this input is not allowed" in refused.value.body["message"]
+    assert PROVIDER_KEY not in str(refused.value.body)
+    with pytest.raises(openai.APIStatusError) as failed:
+        sdk.embeddings.create(model="embed-hosted", input="provider-breaks", encoding_format="float")
+    assert failed.value.status_code == 502 and failed.value.body["code"].startswith("hosted_")
