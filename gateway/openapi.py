@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from spillgate.gateway.faces import messages_openapi
+
 _ERROR = {
     "description": "An error in OpenAI's format.",
     "content": {
@@ -97,8 +99,10 @@ def install_openapi(app: FastAPI) -> None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schema["paths"]["/v1/chat/completions"] = _operation("Create a chat completion", _CHAT)
             schema["paths"]["/v1/completions"] = _operation("Create a text completion", _COMPLETION)
+            schema["paths"]["/v1/messages"] = messages_openapi.OPERATION
             components = schema.setdefault("components", {})
             components.setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+            components["securitySchemes"]["x-api-key"] = messages_openapi.SECURITY_SCHEME
             app.openapi_schema = schema
         return app.openapi_schema
 
