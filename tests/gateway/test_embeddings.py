@@ -120,7 +120,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, recorder: Recorder) -> Ite
                 "api_key": PROVIDER_KEY,
                 "task": "embed",
                 "input_per_mtok": HOSTED_USD_PER_MTOK,
-                "output_per_mtok": 0,
                 "timeout_s": 5,
             }
         ]
