@@ -31,7 +31,13 @@ REPO_EVIDENCE = Path(__file__).resolve().parents[1] / "policies" / "complexity_e
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="complexity_command", required=True)
     train_parser = commands.add_parser("train", help="fit a model file on an evidence file's train split")
-    train_parser.add_argument("--data", type=Path, required=True, help="evidence, JSON lines (.jsonl or .jsonl.gz)")
+    train_parser.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        required=True,
+        help="evidence, JSON lines (.jsonl or .jsonl.gz); repeatable",
+    )
     train_parser.add_argument("--out", type=Path, default=Path("complexity-model.json"))
     train_parser.add_argument("--train-percent", type=int, default=TRAIN_PERCENT, help="the rest is held out")
     defaults = TrainSettings()
@@ -54,26 +60,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    records = _read(args.data)
-    if records is None:
-        return 2
+    records: list[Record] = []
+    for path in args.data:
+        part = _read(path)
+        if part is None:
+            return 2
+        records += part
     train_records = [r for r in records if split_of(r.id, args.train_percent) == "train"]
     held_out = [r for r in records if split_of(r.id, args.train_percent) == "test"]
     if not train_records or not any(r.label for r in train_records):
-        print(f"{args.data}: the train split needs at least one ask labelled complex", file=sys.stderr)
+        print("the train split needs at least one ask labelled complex", file=sys.stderr)
         return 2
     settings = TrainSettings(epochs=args.epochs, l1=args.l1, alpha=args.alpha)
     started = time.perf_counter()
     model = train(_examples(train_records), settings)
     seconds = time.perf_counter() - started
     print(f"trained on {len(train_records)} asks in {seconds:.1f} s: {len(model.ngram_weights)} n-gram weights")
-    figures: dict[str, float] = {}
-    if held_out:
-        scorer = NgramClassifier(model)
-        summary = _report(held_out, {"model": lambda r: scorer.score(r.payload).score})
-        figures = {"apgr": round(summary.apgr, 4), "cpt50": round(summary.cpt50, 4), "cpt80": round(summary.cpt80, 4)}
+    figures: dict[str, dict[str, float]] = {}
+    scorer = NgramClassifier(model)
+    for name in sorted({r.set for r in held_out}):
+        subset = [r for r in held_out if r.set == name]
+        print(f"\n{name}: {len(subset)} held-out asks")
+        summary = _report(subset, {"model": lambda r: scorer.score(r.payload).score})
+        if summary is not None:
+            figures[name] = {key: round(value, 4) for key, value in summary._asdict().items()}
     meta = {
-        "trained_on": Path(args.data).name,
+        "trained_on": [Path(p).name for p in args.data],
         "train_items": len(train_records),
         "held_out_items": len(held_out),
         "train_percent": args.train_percent,
@@ -142,13 +154,19 @@ def _examples(records: Sequence[Record]) -> list[Example]:
     out = []
     for record in records:
         text, features = ask_text(record.payload)
-        out.append(Example(text, features, record.label))
+        out.append(Example(text, features, record.label, record.weight))
     return out
 
 
-def _report(records: Sequence[Record], scorers: dict[str, Callable[[Record], float]]) -> Summary:
-    """Print the table (random, length only, each scorer) and the first scorer's PGR curve; return its figures."""
+def _report(records: Sequence[Record], scorers: dict[str, Callable[[Record], float]]) -> Summary | None:
+    """Print the table (random, length only, each scorer) and the first scorer's PGR curve; return its figures.
+
+    Asks on which the models do equally well (a set of easy asks both pass) have no gap to recover: no figures.
+    """
     outcomes = [r.outcome for r in records]
+    if sum(o.strong for o in outcomes) == sum(o.weak for o in outcomes):
+        print("no quality gap between the models on these asks: nothing to recover, no figures")
+        return None
     rows: list[tuple[str, Summary]] = [("random (expected)", RANDOM)]
     length = routing_curve([float(len(ask_text(r.payload)[0])) for r in records], outcomes)
     rows.append(("length only", summarize(length)))

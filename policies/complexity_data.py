@@ -5,7 +5,8 @@ One object a line:
 - the ask: ``prompt`` (a string) or ``messages`` (an OpenAI chat list), optionally ``tools``;
 - the evidence: ``label`` (true, 1 or "complex" when the ask needs the frontier model), or ``weak`` and ``strong``
   (each model's result: 1/0 correctness or a score; aliases ``weak_score`` and ``strong_score``);
-- optionally ``id`` (default: a hash of the ask) and ``set`` (a name to report figures by).
+- optionally ``id`` (default: a hash of the ask), ``set`` (a name to report figures by) and ``weight`` (how much
+  the line counts in training, default 1).
 
 With both results the label is "the strong model did better"; with a label only, routing quality counts a labelled
 ask as one the weak model fails and the strong one passes, and any other as one both pass.
@@ -34,6 +35,7 @@ class Record(NamedTuple):
     set: str
     payload: dict[str, Any]
     outcome: Outcome
+    weight: float = 1.0
 
     @property
     def label(self) -> bool:
@@ -68,7 +70,10 @@ def parse_record(line: str, number: int = 0) -> Record:
     payload = _payload(item, number)
     ask = json.dumps(payload, sort_keys=True)
     item_id = str(item.get("id") or hashlib.sha256(ask.encode()).hexdigest()[:12])
-    return Record(item_id, str(item.get("set", "data")), payload, _outcome(item, number))
+    weight = item.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < 1e6:
+        raise EvidenceError(f"line {number}: 'weight' must be a positive number")
+    return Record(item_id, str(item.get("set", "data")), payload, _outcome(item, number), float(weight))
 
 
 def _payload(item: dict[str, Any], number: int) -> dict[str, Any]:

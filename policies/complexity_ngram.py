@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillgate.policies.complexity import (
+    EASING_FEATURES,
     FEATURE_NAMES,
     ComplexityFeatures,
     ComplexityVerdict,
@@ -70,7 +72,7 @@ def ngrams(text: str) -> set[str]:
     grams = set(words)
     grams.update(map(" ".join, itertools.pairwise(words)))
     size = len(words).bit_length()
-    numbers = sum(1 for w in words if w[0] == "0").bit_length()
+    numbers = (" " + " ".join(words)).count(" 0").bit_length()
     grams.update((f"#words{size}", f"#numbers{numbers}", f"#words{size}numbers{numbers}"))
     return grams
 
@@ -91,16 +93,16 @@ class NgramModel:
             raise ValueError(f"expected {len(FEATURE_NAMES)} cue weights, got {len(self.cue_weights)}")
 
     def logit_parts(self, text: str, features: ComplexityFeatures) -> tuple[float, list[tuple[float, str]]]:
+        """The log-odds, and each term of it (n-grams present, cues) as (contribution, name)."""
         weights = self.ngram_weights
-        get = weights.get
-        terms = [(w, g) for g in ngrams(text) if (w := get(g)) is not None]
+        terms = [(weights[g], g) for g in ngrams(text) & weights.keys()]
         cues = [(w * v, name) for w, v, name in zip(self.cue_weights, features.vector(), FEATURE_NAMES, strict=True)]
         return self.bias + sum(w for w, _ in terms) + sum(w for w, _ in cues), terms + cues
 
     def score_text(self, text: str, features: ComplexityFeatures) -> float:
-        get = self.ngram_weights.get
-        z = self.bias + sum(get(g, 0.0) for g in ngrams(text))
-        z += sum(w * v for w, v in zip(self.cue_weights, features.vector(), strict=True))
+        weights = self.ngram_weights
+        z = self.bias + sum(map(weights.__getitem__, ngrams(text) & weights.keys()))
+        z += sum(map(operator.mul, self.cue_weights, features.vector()))
         return _sigmoid(z)
 
     def threshold_for_share(self, share: float) -> float:
@@ -179,6 +181,8 @@ def train(examples: Sequence[Example], settings: TrainSettings = TrainSettings()
     cue_keys = [f"\x00cue:{name}" for name in FEATURE_NAMES] if settings.use_cues else []
     means = [sum(e.cues[i] for e in examples) / len(examples) for i in range(len(FEATURE_NAMES))]
     positives = sum(e.label for e in examples)
+    signs = {key: (-1 if name in EASING_FEATURES else 1) for key, name in zip(cue_keys, FEATURE_NAMES, strict=False)}
+    """A cue of complexity never lowers the score, nor a cue of an easy ask raises it (as in ``fit_logistic``)."""
     z: dict[str, float] = {}
     n: dict[str, float] = {}
     alphas = {True: settings.alpha * DENSE_RATE, False: settings.alpha}
@@ -192,7 +196,9 @@ def train(examples: Sequence[Example], settings: TrainSettings = TrainSettings()
         if abs(zi) <= l1:
             return 0.0
         rate = (settings.beta + math.sqrt(n.get(key, 0.0))) / alphas[dense]
-        return -(zi - math.copysign(l1, zi)) / (rate + settings.l2 * (not dense))
+        w = -(zi - math.copysign(l1, zi)) / (rate + settings.l2 * (not dense))
+        sign = signs.get(key, 0)
+        return w if sign == 0 or w * sign > 0 else 0.0
 
     prior = math.log((positives + 1) / (len(examples) - positives + 1))
     for _ in range(settings.epochs):

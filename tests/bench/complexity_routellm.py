@@ -10,19 +10,30 @@ figures), length only (the ask's characters), the built-in cue score, the cue mo
 logistic model on word n-grams, the same with the cues, and RouteLLM's published routers (their paper's figures on
 the full sets, cited in ``PUBLISHED``). ``--cross`` trains on one set and scores the others; ``--curve`` prints PGR
 at every tenth of strong calls; ``--latency`` times the shipped model on a 2k-token ask.
+
+``--write-model PATH`` trains the shipped model (policies/complexity_models/routellm.json) the way it was made:
+``spillgate complexity train`` on the evidence plus the easy asks of the category set
+(policies/complexity_eval/train.jsonl and test.jsonl, groups ``easy`` and ``long_context_easy``: translations,
+summaries, greetings, lookups behind long contexts) as asks both models pass, weighted ``EASY_WEIGHT``. Without them
+the evidence says nothing about chat traffic, and a threshold set for one MMLU ask in five calls a fifth of chat
+turns complex too. Their split is by the same id hash, so only their train part is learned from.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from spillgate.policies.complexity import ComplexityClassifier, extract_features, fit_logistic
+from spillgate.gateway.cli import main as cli_main
+from spillgate.policies.complexity import ASK_WHOLE_CHARS, ComplexityClassifier, extract_features, fit_logistic
 from spillgate.policies.complexity_curve import RANDOM, Summary, routing_curve, summarize
 from spillgate.policies.complexity_data import Record, read_evidence, split_of
+from spillgate.policies.complexity_modelfile import load_model
 from spillgate.policies.complexity_ngram import (
     Example,
     NgramClassifier,
@@ -32,10 +43,12 @@ from spillgate.policies.complexity_ngram import (
     score_example,
     train,
 )
-from tests.bench.complexity_eval import EVAL_DIR
+from tests.bench.complexity_eval import EVAL_DIR, load_split, request_of
 
 EVIDENCE = EVAL_DIR / "routellm.jsonl.gz"
 SETS = ("mmlu", "gsm8k", "mt_bench")
+EASY_WEIGHT = 6.0
+EASY_GROUPS = ("easy", "long_context_easy")
 
 Scorer = Callable[[Sequence[Record]], list[float]]
 
@@ -101,7 +114,14 @@ def main() -> None:
     parser.add_argument("--l2", type=float, default=TrainSettings().l2)
     parser.add_argument("--alpha", type=float, default=TrainSettings().alpha)
     parser.add_argument("--epochs", type=int, default=TrainSettings().epochs)
+    parser.add_argument("--write-model", type=Path, help="train the shipped model and write it here")
     args = parser.parse_args()
+    if args.write_model:
+        write_model(args.write_model)
+        return
+    if args.latency:
+        print_latency(load_model("routellm"))
+        return
     base = TrainSettings(epochs=args.epochs, alpha=args.alpha, l1=args.l1, l2=args.l2)
 
     records = load()
@@ -114,6 +134,8 @@ def main() -> None:
     _, routers["n-grams"] = ngram_router(train_records, dataclasses.replace(base, use_cues=False))
     model, routers["n-grams + cues"] = ngram_router(train_records, base)
     print(f"trained in {time.perf_counter() - started:.0f} s; n-gram model: {len(model.ngram_weights)} weights")
+    shipped = NgramClassifier(load_model("routellm"))
+    routers["shipped 'routellm' (n-grams + cues + easy asks)"] = lambda rs: [shipped.score(r.payload).score for r in rs]
     for name in SETS:
         subset = by_set(test_records, name)
         rows = [("random (expected)", RANDOM)]
@@ -140,22 +162,58 @@ def main() -> None:
                         ("cues refit", figures(refit(subset), subset)),
                     ],
                 )
-    if args.latency:
-        print_latency(model)
+
+
+def write_easy_asks(path: Path) -> int:
+    """The category set's easy asks as evidence lines both models pass, weighted ``EASY_WEIGHT``."""
+    lines = []
+    for item in load_split("all"):
+        if item["group"] in EASY_GROUPS:
+            payload = request_of(item)
+            line = {"id": item["id"], "set": "easy_asks", "label": False, "weight": EASY_WEIGHT, **payload}
+            lines.append(json.dumps(line, ensure_ascii=False))
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+def write_model(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        easy = Path(folder) / "easy_asks.jsonl"
+        print(f"{write_easy_asks(easy)} easy asks")
+        code = cli_main(["complexity", "train", "--data", str(EVIDENCE), "--data", str(easy), "--out", str(out)])
+    if code:
+        raise SystemExit(code)
 
 
 def print_latency(model: NgramModel) -> None:
-    classifier = NgramClassifier(model)
-    words = " ".join(r.payload["messages"][0]["content"] for r in load()[:200]).split()
-    ask = " ".join(words[:1500])
-    payload = {"messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": ask}]}
-    samples = []
-    for _ in range(2000):
-        t = time.perf_counter()
-        classifier.score(payload)
-        samples.append((time.perf_counter() - t) * 1e6)
-    samples.sort()
-    print(f"\n2k-token ask ({len(ask)} chars): p50 {samples[1000]:.0f} us, p99 {samples[1980]:.0f} us")
+    """Microseconds per decision on asks of about 2,000 tokens (1,500 words of the evidence's own prompts), and on
+    1,500-character asks: the most text a decision reads, since a longer last turn is read at its ends only. Wall
+    time, and the thread's CPU time: on a shared machine the wall clock's tail is time spent waiting for a core."""
+    records = load()
+    asks = []
+    for start in range(0, 2000, 100):
+        words = " ".join(r.payload["messages"][0]["content"] for r in records[start : start + 100]).split()
+        asks.append(" ".join(words[:1500]))
+    classifiers = {"shipped model": NgramClassifier(model), "built-in cues": ComplexityClassifier()}
+    for title, texts in (("2k-token asks", asks), ("1,500-char asks", [a[:ASK_WHOLE_CHARS] for a in asks])):
+        payloads = [{"messages": [{"role": "user", "content": text}]} for text in texts]
+        for name, classifier in classifiers.items():
+            wall, cpu = [], []
+            for _ in range(100):
+                for payload in payloads:
+                    started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                    classifier.score(payload)
+                    cpu.append((time.thread_time_ns() - started_cpu) / 1e3)
+                    wall.append((time.perf_counter_ns() - started) / 1e3)
+            print(
+                f"{title}, {name} ({len(payloads)} x 100): wall p50 {_pct(wall, 0.5):.0f} us, p99 "
+                f"{_pct(wall, 0.99):.0f} us; CPU p50 {_pct(cpu, 0.5):.0f} us, p99 {_pct(cpu, 0.99):.0f} us"
+            )
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 if __name__ == "__main__":

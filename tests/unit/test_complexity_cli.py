@@ -32,7 +32,7 @@ def test_train_writes_a_model_that_eval_judges_on_the_held_out_split(
     model = load_model(out)
     held_out = [r for r in read_evidence(FIXTURE) if split_of(r.id) == "test"]
     assert model.meta["held_out_items"] == len(held_out) > 0
-    assert model.meta["trained_on"] == FIXTURE.name
+    assert model.meta["trained_on"] == [FIXTURE.name]
     classifier = NgramClassifier(model)
     hard = [classifier.score(r.payload).score for r in held_out if r.label]
     easy = [classifier.score(r.payload).score for r in held_out if not r.label]

@@ -18,14 +18,20 @@ from spillgate.policies.complexity_modelfile import (
     save_model,
 )
 from spillgate.policies.complexity_ngram import NgramClassifier, NgramModel, ngrams
+from tests.bench.complexity_eval import group_rates, load_split, request_of, workload_requests
 from tests.bench.complexity_routellm import EVIDENCE, length_scorer
 
 # Held-out figures of the shipped model (policies/complexity_models/routellm.json) on the test split of RouteLLM's
-# evidence, measured when it was trained: MMLU APGR 0.634, CPT(50%) 29.5%; GSM8K APGR 0.609, CPT(50%) 33.9%.
+# evidence, measured when it was trained: MMLU APGR 0.621, CPT(50%) 31.0%; GSM8K APGR 0.623, CPT(50%) 33.5%.
 # RouteLLM's best published MMLU router: APGR 0.603, CPT(50%) 35.4% (docs/performance.md).
-MMLU_APGR_FLOOR = 0.62
-MMLU_CPT50_CEILING = 0.31
-GSM8K_APGR_FLOOR = 0.60
+MMLU_APGR_FLOOR = 0.61
+MMLU_CPT50_CEILING = 0.33
+GSM8K_APGR_FLOOR = 0.61
+SHARE = 0.2
+"""A route set for one ask in five like the training asks: measured 0.3% of gsp, 1.0% of chat and 0% of agent
+requests called complex, and 0 of 96 long-context easy asks."""
+WORKLOAD_COMPLEX_CEILING = 0.02
+LONG_CONTEXT_FPR_CEILING = 0.05
 
 
 def outcomes(*pairs: tuple[float, float]) -> list[Outcome]:
@@ -146,3 +152,16 @@ def test_evidence_file_ids_are_unique_and_contaminated_prompts_are_out() -> None
     # One of the GSM8K test problems RouteLLM lists as contaminated by its router training data.
     assert not any(p.startswith("A robe takes 2 bolts of blue fiber") for p in prompts)
     assert json.loads(json.dumps(counts)) == counts
+
+
+def test_the_shipped_model_set_for_a_fifth_of_asks_leaves_gateway_traffic_and_easy_long_asks_alone() -> None:
+    model = load_model("routellm")
+    classifier = NgramClassifier(model)
+    threshold = model.threshold_for_share(SHARE)
+    for kind in ("gsp", "chat", "agent"):
+        bodies = workload_requests(kind, 300)
+        flagged = sum(classifier.score(body).score >= threshold for body in bodies)
+        assert flagged / len(bodies) <= WORKLOAD_COMPLEX_CEILING, kind
+    items = load_split("test")
+    rates = group_rates(items, [classifier.score(request_of(item)).score for item in items], threshold)
+    assert rates.long_context_fpr < LONG_CONTEXT_FPR_CEILING
