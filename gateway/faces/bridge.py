@@ -33,8 +33,9 @@ class StreamTranslator(Protocol):
         ...
 
 
-class Face(Protocol):
-    """One API shape served through chat completions."""
+class FaceExchange(Protocol):
+    """One request's translation: what the answer needs of the request (the model the client named, its stop
+    sequences, its stored conversation) lives here, from the request to the answer."""
 
     def headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """The request headers the chat handler sees (e.g. ``x-api-key`` as ``authorization``)."""
@@ -49,11 +50,23 @@ class Face(Protocol):
         ...
 
     def stream(self) -> StreamTranslator:
-        """A translator for one streamed answer."""
+        """A translator for the streamed answer."""
         ...
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         """The face's error body for an OpenAI error object."""
+        ...
+
+    def status(self, status: int) -> int:
+        """The status the face answers an error with (Anthropic's API uses 400 where chat completions use 422)."""
+        ...
+
+
+class Face(Protocol):
+    """One API shape served through chat completions."""
+
+    def exchange(self) -> FaceExchange:
+        """The translation of one request."""
         ...
 
 
@@ -66,12 +79,17 @@ class FaceHandler:
         self._authenticate = authenticate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        face = self._face
+        face = self._face.exchange()
         scope = {**scope, "headers": face.headers(scope["headers"])}
         exchange = _Exchange(face, send)
+        translated = False
 
         async def translated_receive() -> dict[str, Any]:
-            # The handler reads the body once, after the key; translate it when it is whole.
+            # The handler reads the body once, after the key; translate it when it is whole. Later messages
+            # (the disconnect watcher's) pass as they come.
+            nonlocal translated
+            if translated:
+                return await receive()
             chunks: list[bytes] = []
             while True:
                 message = await receive()
@@ -80,6 +98,7 @@ class FaceHandler:
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     break
+            translated = True
             try:
                 tenant = self._authenticate(_authorization(scope))
             except ApiError:
@@ -93,7 +112,7 @@ class FaceHandler:
 class _Exchange:
     """The chat handler's answer, translated as it is sent."""
 
-    def __init__(self, face: Face, send: Send) -> None:
+    def __init__(self, face: FaceExchange, send: Send) -> None:
         self._face = face
         self._send = send
         self._start: dict[str, Any] | None = None
@@ -130,11 +149,13 @@ class _Exchange:
         else:
             error = parsed.get("error") if parsed is not None else None
             if not isinstance(error, dict):
+                status = max(status, 502)  # a success the face cannot read is the gateway's failure
                 error = {"message": "The backend's answer could not be read.", "type": "api_error"}
             body = self._face.error(status, error)
+            status = self._face.status(status)
         headers = [(k, v) for k, v in start["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
-        await self._send({**start, "headers": headers})
+        await self._send({**start, "status": status, "headers": headers})
         await self._send({"type": "http.response.body", "body": body})
 
     async def _stream_body(self, message: dict[str, Any]) -> None:

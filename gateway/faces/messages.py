@@ -9,7 +9,6 @@ The face translates and nothing more (:mod:`gateway.faces.bridge`): the request 
 from __future__ import annotations
 
 import functools
-from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -26,17 +25,23 @@ from spillgate.gateway.tenancy.tenants import Tenant
 _anthropic = functools.lru_cache(maxsize=1024)(is_anthropic)
 """Whether a litellm model is Anthropic's, asked once per model."""
 
-_ASKED: ContextVar[MessagesRequest | None] = ContextVar("spillgate_messages_request", default=None)
-"""The request being answered. The bridge asks the face for its request, then for its answer, within one
-request's task (the body is read and the answer sent there): the answer's translation reads the model the
-client named and its stop sequences from here."""
-
 
 class MessagesFace:
-    """Anthropic's Messages API, one instance for every request (what differs per request is in ``_ASKED``)."""
+    """Anthropic's Messages API (:class:`~gateway.faces.bridge.Face`)."""
 
     def __init__(self, state: GatewayState) -> None:
         self._state = state
+
+    def exchange(self) -> MessagesExchange:
+        return MessagesExchange(self._state)
+
+
+class MessagesExchange:
+    """One Messages request's translation: the answer needs the model the client named and its stop sequences."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self._state = state
+        self._asked: MessagesRequest | None = None
 
     def headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """``x-api-key: K`` read as ``authorization: Bearer K`` (an ``authorization`` header wins)."""
@@ -49,7 +54,7 @@ class MessagesFace:
 
     async def request(self, tenant: Tenant | None, body: bytes) -> bytes:
         asked = translate_request(body, self._state.config.limits, lambda model: self._caching(model, tenant))
-        _ASKED.set(asked)
+        self._asked = asked
         return orjson.dumps(asked.chat)
 
     def _caching(self, model: str, tenant: Tenant | None) -> bool:
@@ -63,15 +68,19 @@ class MessagesFace:
         return any(name in hosted and _anthropic(hosted[name].litellm_model) for name in targets)
 
     async def whole(self, chat: dict[str, Any]) -> bytes:
-        asked = _ASKED.get()
+        asked = self._asked
         model = asked.model if asked is not None else str(chat.get("model") or "")
         return orjson.dumps(whole_message(chat, model, asked.stop_sequences if asked is not None else ()))
 
     def stream(self) -> StreamTranslator:
-        asked = _ASKED.get()
+        asked = self._asked
         if asked is None:
             return MessagesStream("", ())
         return MessagesStream(asked.model, asked.stop_sequences)
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return error_body(status, error)
+
+    def status(self, status: int) -> int:
+        """Anthropic's API answers a well-formed request it cannot take with 400 (its SDK has no 422 for it)."""
+        return 400 if status == 422 else status

@@ -4,16 +4,11 @@ The request becomes a chat body (:mod:`.responses_request`): instructions, then 
 ``previous_response_id`` (:mod:`.response_store`), then the new input. The chat handler does the rest, and its
 answer becomes a Responses object (:mod:`.responses_output`) or event stream (:mod:`.responses_stream`); with
 ``store`` (the default) the response and its conversation are kept for the next turn.
-
-One face serves every request, so what a request's answer needs (its parsed request, tenant and id) travels in a
-context variable: set when the bridge hands the face the request's headers, which happens in the request's own
-task before anything else, and read when its answer is translated.
 """
 
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -39,18 +34,6 @@ from spillgate.gateway.tenancy.tenants import Tenant
 log = logging.getLogger("spillgate.responses")
 
 
-class _Exchange:
-    """The one request a task serves: its turn, once its body was read."""
-
-    __slots__ = ("turn",)
-
-    def __init__(self) -> None:
-        self.turn: Turn | None = None
-
-
-_current: ContextVar[_Exchange | None] = ContextVar("spillgate_responses_exchange", default=None)
-
-
 class ResponsesFace:
     """The Responses face (:class:`~gateway.faces.bridge.Face`)."""
 
@@ -58,8 +41,19 @@ class ResponsesFace:
         self._state = state
         self._stores: ResponseStores = stores_for(state)
 
+    def exchange(self) -> ResponsesExchange:
+        return ResponsesExchange(self._state, self._stores)
+
+
+class ResponsesExchange:
+    """One Responses request's translation: its turn (parsed request, tenant, stored history) once read."""
+
+    def __init__(self, state: GatewayState, stores: ResponseStores) -> None:
+        self._state = state
+        self._stores = stores
+        self._turn_read: Turn | None = None
+
     def headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        _current.set(_Exchange())  # a fresh exchange for this request's task (see the module's docstring)
         return headers
 
     async def request(self, tenant: Tenant | None, body: bytes) -> bytes:
@@ -69,10 +63,7 @@ class ResponsesFace:
         history: list[dict[str, Any]] = []
         if request.previous_response_id is not None:
             history = await self._history(tenant.name, request.previous_response_id)
-        turn = Turn(request=request, tenant=tenant.name, history=history)
-        exchange = _current.get()
-        if exchange is not None:
-            exchange.turn = turn
+        self._turn_read = Turn(request=request, tenant=tenant.name, history=history)
         return orjson.dumps(chat_body(request, history))
 
     async def whole(self, chat: dict[str, Any]) -> bytes:
@@ -90,11 +81,13 @@ class ResponsesFace:
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return orjson.dumps({"error": error})
 
+    def status(self, status: int) -> int:
+        return status
+
     def _turn(self) -> Turn:
-        exchange = _current.get()
-        if exchange is None or exchange.turn is None:
+        if self._turn_read is None:
             raise RuntimeError("a Responses answer without its request")  # the bridge always reads the body first
-        return exchange.turn
+        return self._turn_read
 
     async def _history(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
         try:
