@@ -134,3 +134,18 @@ def _number(value: Any, where: str) -> float:
 def describe(model: NgramModel) -> Mapping[str, Any]:
     """What a model says about itself, for logs and the CLI."""
     return {"ngrams": len(model.ngram_weights), **model.meta}
+
+
+def route_complexity(
+    model: str | None, threshold: float | None, share: float | None
+) -> tuple[NgramClassifier | None, float | None]:
+    """A route's classifier (``None``: the gateway's built-in one) and score threshold, from its spill settings.
+
+    ``share`` (a target share of asks called complex) becomes the threshold the model's calibration gives for it.
+    """
+    if model is None:
+        return None, threshold
+    loaded = load_model(model)
+    if share is not None:
+        threshold = loaded.threshold_for_share(share)
+    return NgramClassifier(loaded), threshold

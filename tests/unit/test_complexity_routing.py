@@ -15,6 +15,7 @@ from spillgate.policies.complexity_modelfile import (
     document_of,
     load_model,
     model_from_document,
+    route_complexity,
     save_model,
 )
 from spillgate.policies.complexity_ngram import NgramClassifier, NgramModel, ngrams
@@ -165,3 +166,13 @@ def test_the_shipped_model_set_for_a_fifth_of_asks_leaves_gateway_traffic_and_ea
     items = load_split("test")
     rates = group_rates(items, [classifier.score(request_of(item)).score for item in items], threshold)
     assert rates.long_context_fpr < LONG_CONTEXT_FPR_CEILING
+
+
+def test_a_route_names_a_model_and_a_share_or_a_threshold() -> None:
+    assert route_complexity(None, 0.5, None) == (None, 0.5)
+    classifier, threshold = route_complexity("routellm", None, 0.2)
+    assert isinstance(classifier, NgramClassifier)
+    assert threshold == pytest.approx(load_model("routellm").threshold_for_share(0.2))
+    assert route_complexity("routellm", 0.4, None)[1] == 0.4
+    with pytest.raises(ModelFileError, match="cannot read"):
+        route_complexity("/nonexistent/model.json", None, 0.2)
