@@ -132,6 +132,7 @@ class GatewayState:
         self.registry.replace(catalog.backends)
         self.upstream.retain({b.base_url for b in replicas.values()})
         self.routes = catalog.routes
+        catalog.tenants.managed = self.tenants.managed  # keys made through /admin/keys outlive config versions
         self.tenants = catalog.tenants
         self.hosted_models = catalog.hosted_models
         self.rent.configure(catalog.pool_prices, time.time())

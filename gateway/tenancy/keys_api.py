@@ -5,8 +5,6 @@ are. What it may do is its tenant's (the config's), and within limits of its own
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
 from collections.abc import AsyncIterator
@@ -26,9 +24,6 @@ from spillgate.gateway.tenancy.managed_keys_service import ManagedKeys, UnknownK
 
 _LATEST = 253_402_300_799.0
 """9999-12-31T23:59:59Z: the latest expiry taken."""
-_LINK_S = 0.2
-"""How often the running config's tenant directory is checked to still hold the managed keys (a new config
-version brings a new directory)."""
 
 
 class _Limits(BaseModel):
@@ -78,13 +73,9 @@ def keys_router(state: GatewayState) -> APIRouter:
         await keys.start()
         state.tenants.managed = keys
         held.append(keys)
-        linking = asyncio.create_task(_keep_linked(state, keys))
         try:
             yield
         finally:
-            linking.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await linking
             held.clear()
             await keys.stop()
 
@@ -166,13 +157,6 @@ def keys_router(state: GatewayState) -> APIRouter:
         return record.public(now)
 
     return router
-
-
-async def _keep_linked(state: GatewayState, keys: ManagedKeys) -> None:
-    while True:
-        if state.tenants.managed is not keys:
-            state.tenants.managed = keys
-        await asyncio.sleep(_LINK_S)
 
 
 def _known(keys: ManagedKeys, key_id: str) -> ManagedKey:

@@ -250,3 +250,12 @@ def test_a_key_with_its_own_daily_budget_is_refused_past_it(replica: RunningProc
         assert ask(CONFIG_KEY).status_code == 200
     finally:
         gateway.stop()
+
+
+def test_a_config_edit_keeps_managed_keys_working_at_once(gateway: RunningProcess) -> None:
+    made = create(gateway)
+    config = admin(gateway, "GET", "/admin/config").json()["config"]
+    config["routes"][0]["aliases"] = [*config["routes"][0].get("aliases", []), f"chat-{made['id']}"]
+    edited = admin(gateway, "PUT", "/admin/config", json=config)
+    assert edited.status_code == 200, edited.text
+    assert status_of(gateway, made["key"]) == 200, "the new version's tenants must know the managed keys at once"
