@@ -91,7 +91,10 @@ class Admission:
             raise ApiError(
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
-        if self._tasks.embeds(self._state, route.name) != self._embeddings:
+        tasks = self._tasks
+        if state.routes is not tasks.routes:
+            tasks.refresh(state)
+        if (route.name in tasks.embedding) is not self._embeddings:
             raise wrong_task(parsed.model, embeddings_route=not self._embeddings)
         attempt.route = route.name
         attempt.reference_price = route.reference_price

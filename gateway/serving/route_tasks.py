@@ -1,7 +1,8 @@
 """Which routes serve embeddings: a route's task is its targets' (the config refuses a route that mixes them).
 
 Looked up on every generation and embeddings request, so it is a set of names rebuilt only when a config version
-swaps in its routes (a new ``state.routes``), and the check on the hot path is an identity test and a set lookup.
+swaps in its routes (a new ``state.routes``), and the check on the hot path is an identity test and a set lookup,
+made inline (no call) by :class:`~gateway.serving.admission.Admission`.
 """
 
 from __future__ import annotations
@@ -25,21 +26,23 @@ def embedding_routes(config: GatewayConfig) -> frozenset[str]:
 
 
 class RouteTasks:
-    """The running config's embedding routes, remembered per version of the routes."""
+    """The running config's embedding routes, remembered per version of the routes.
 
-    __slots__ = ("_embedding", "_routes")
+    Read inline on the hot path (``routes`` and ``embedding`` are public): ``if state.routes is not tasks.routes:
+    tasks.refresh(state)``, then ``name in tasks.embedding``."""
+
+    __slots__ = ("embedding", "routes")
 
     def __init__(self) -> None:
-        self._routes: object = None
-        self._embedding: frozenset[str] = frozenset()
+        self.routes: object = None
+        """The ``state.routes`` the set was built for."""
+        self.embedding: frozenset[str] = frozenset()
 
-    def embeds(self, state: GatewayState, route: str) -> bool:
-        """Whether ``route`` (a name in ``state.routes``) serves embeddings."""
-        if state.routes is not self._routes:
-            # A config version swaps in its routes and its config in one step: they always match here.
-            self._embedding = embedding_routes(state.config)
-            self._routes = state.routes
-        return route in self._embedding
+    def refresh(self, state: GatewayState) -> None:
+        """Rebuild for the routes now running. A config version swaps in its routes and its config in one step,
+        so they always match here."""
+        self.embedding = embedding_routes(state.config)
+        self.routes = state.routes
 
 
 def wrong_task(model: str, *, embeddings_route: bool) -> ApiError:
