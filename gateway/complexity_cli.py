@@ -93,7 +93,11 @@ def run_train(args: argparse.Namespace) -> int:
         "settings": {"epochs": settings.epochs, "l1": settings.l1, "alpha": settings.alpha},
     }
     model = NgramModel(model.bias, model.cue_weights, model.ngram_weights, model.calibration, meta)
-    save_model(model, args.out)
+    try:
+        save_model(model, args.out)
+    except OSError as error:
+        print(f"{args.out}: cannot write: {error.strerror}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}; point a route at it with spill.complexity_model: {args.out}")
     return 0
 

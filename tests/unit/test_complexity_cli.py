@@ -64,3 +64,9 @@ def test_bad_inputs_are_refused_with_the_reason(tmp_path: Path, capsys: pytest.C
     assert "not a complexity model file" in capsys.readouterr().err
     assert main(["complexity", "threshold", "--model", str(broken), "--share", "0.2"]) == 2
     assert main(["complexity", "threshold", "--share", "2"]) == 2
+
+
+def test_an_unwritable_output_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "missing" / "model.json"
+    assert main(["complexity", "train", "--data", str(FIXTURE), "--out", str(out)]) == 2
+    assert "cannot write" in capsys.readouterr().err
