@@ -86,8 +86,11 @@ def test_completions_need_a_prompt(gateway: RunningProcess) -> None:
 def test_a_replica_refusal_reaches_the_client_with_its_reason(gateway: RunningProcess) -> None:
     # SGLang writes its errors flat ({"object": "error", "message": ...}): rewrapped, the reason is kept.
     before = httpx.get(gateway.url + "/v1/spend", headers=AUTH, timeout=10).json()["today"]
-    error = assert_openai_error(post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2, "n": 2}), 400)
-    assert "n=1" in error["message"], "the engine's reason is kept"
+    named = {"type": "function", "function": {"name": "missing"}}  # a tool the request does not offer
+    error = assert_openai_error(
+        post(gateway, {"model": "chat", "messages": HELLO, "max_tokens": 2, "tools": [], "tool_choice": named}), 400
+    )
+    assert "Tools cannot be empty" in error["message"], "the engine's reason is kept"
     assert "pool-" not in error["message"], "replica names stay in the gateway's log"
     # Booked (it reached a backend), with none of its prompt: the replica processed none of it.
     deadline = time.monotonic() + 10
