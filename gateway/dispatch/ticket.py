@@ -58,7 +58,7 @@ class Dispatcher:
         return DispatchTicket(
             self,
             backend,
-            output_tokens=output_tokens or ASSUMED_OUTPUT_TOKENS,
+            output_tokens=ASSUMED_OUTPUT_TOKENS if output_tokens is None else output_tokens,
             fingerprint=fingerprint,
             matched_blocks=matched_blocks.get(backend.name, 0),
             uncached=max(0, prompt_tokens - prefix_tokens.get(backend.name, 0)),

@@ -48,6 +48,8 @@ class Forwarder:
         self._upstreams = upstreams
         """The upstream that serves each kind of backend."""
         self._tracing = tracing
+        self._unknown_output: int | None = 0 if path.endswith("embeddings") else None
+        """What a request without an output limit will produce: nothing for embeddings, unknown otherwise."""
 
     async def forward(self, admitted: Admitted, attempt: Attempt, receive: Receive, send: Send) -> None:
         """Serve the request and close its books, whether it is answered, fails, or the client goes away."""
@@ -107,7 +109,7 @@ class Forwarder:
         ticket = state.dispatcher.book(
             backend,
             prompt_tokens=parsed.prompt_tokens,
-            output_tokens=parsed.max_tokens,
+            output_tokens=parsed.max_tokens or self._unknown_output,
             fingerprint=attempt.fingerprint,
             matched_blocks=attempt.matched_blocks,
             prefix_tokens=attempt.prefix_tokens,
