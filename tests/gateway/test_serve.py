@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import yaml
@@ -56,11 +57,20 @@ def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> 
         assert called.choices[0].finish_reason == "tool_calls"
         call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
         assert call.function.name == "weather" and "city" in json.loads(call.function.arguments)
+        # Embeddings, from the demo's embeddings pool; the Responses and Messages APIs over the same routes.
+        vectors = client.embeddings.create(model="embed", input=["first text", "second text"])
+        assert len(vectors.data) == 2 and vectors.usage.prompt_tokens > 0
+        assert client.responses.create(model="llama-3.1-8b", input="Say hi", max_output_tokens=5).output_text
+        claude_style = anthropic.Anthropic(base_url=gateway.url, api_key="sk-spillgate-demo", max_retries=0)
+        message = claude_style.messages.create(
+            model="llama-3.1-8b", max_tokens=5, messages=[{"role": "user", "content": "Say hi"}]
+        )
+        assert message.content[0].type == "text" and message.usage.output_tokens == 5
 
         health = httpx.get(gateway.url + "/health").json()
         assert len([name for name in health["backends"] if name.startswith("llama-8b-")]) == 4
         children = child_pids(gateway.pid)
-        assert len(children) == 5
+        assert len(children) == 6  # four chat replicas, the embeddings replica, the hosted model
     finally:
         gateway.stop()
     assert not [pid for pid in children if alive(pid)], "simulators must stop with the gateway"
