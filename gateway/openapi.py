@@ -74,6 +74,47 @@ _COMPLETION = {
 }
 
 
+_EMBEDDING = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _COMMON["model"],
+        "input": {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            ]
+        },
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": {"type": "integer", "minimum": 1},
+        "user": _COMMON["user"],
+    },
+}
+
+_RESPONSE = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _COMMON["model"],
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "instructions": {"type": "string"},
+        "previous_response_id": {"type": "string", "description": "A response this tenant stored, to continue."},
+        "store": {"type": "boolean"},
+        "stream": {"type": "boolean"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "tools": {"type": "array", "items": {"type": "object"}},
+        "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+        "text": {"type": "object"},
+        "temperature": _COMMON["temperature"],
+        "top_p": _COMMON["top_p"],
+        "metadata": {"type": "object"},
+        "user": _COMMON["user"],
+    },
+}
+
+
 def _operation(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {
         "post": {
@@ -100,6 +141,9 @@ def install_openapi(app: FastAPI) -> None:
             schema["paths"]["/v1/chat/completions"] = _operation("Create a chat completion", _CHAT)
             schema["paths"]["/v1/completions"] = _operation("Create a text completion", _COMPLETION)
             schema["paths"]["/v1/messages"] = messages_openapi.OPERATION
+            schema["paths"]["/v1/embeddings"] = _operation("Create embeddings", _EMBEDDING)
+            responses = schema["paths"].setdefault("/v1/responses", {})
+            responses.update(_operation("Create a model response (stored for previous_response_id)", _RESPONSE))
             components = schema.setdefault("components", {})
             components.setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
             components["securitySchemes"]["x-api-key"] = messages_openapi.SECURITY_SCHEME
