@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 from spillgate.backends.engines import engine_names
 from spillgate.gateway.control.egress import env_problems, url_problems
 from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.policies.complexity_modelfile import ModelFileError, load_model
 from spillgate.policies.engine import Policy, with_weights
 from spillgate.policies.registry import PolicyParamError, build_policy, policy_names
 
@@ -88,6 +89,19 @@ PolicyName = Annotated[str, _registered(policy_names)]
 """A policy registered in :mod:`policies.registry`."""
 EngineName = Annotated[str, _registered(engine_names)]
 """An engine registered in :mod:`backends.engines`."""
+
+
+def _complexity_model(value: str) -> str:
+    """A model file that loads and checks out, or a shipped model's name: else a config error on this field."""
+    try:
+        load_model(value)
+    except ModelFileError as exc:
+        raise PydanticCustomError("complexity_model", "{reason}", {"reason": str(exc)}) from None
+    return value
+
+
+ComplexityModelRef = Annotated[str, Field(min_length=1), AfterValidator(_complexity_model)]
+"""A complexity model file (``spillgate complexity train``), or ``routellm``: the one shipped."""
 
 
 class Strict(BaseModel):
@@ -354,8 +368,28 @@ class SpillConfig(Strict):
     complexity_threshold: float | None = Field(
         default=None, ge=0, le=1, description="complexity score from which a prompt needs the top tier"
     )
+    complexity_model: ComplexityModelRef | None = Field(
+        default=None,
+        description="model file the complexity score comes from (a path written by 'spillgate complexity train', "
+        "or 'routellm': shipped, trained on RouteLLM's evidence); default: the built-in cue score",
+    )
+    complexity_share: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="target share of asks called complex, turned into the threshold by the model's calibration; "
+        "needs complexity_model; instead of complexity_threshold",
+    )
     on_slo_miss: Literal["fastest", "queue", "reject"] = "fastest"
     hysteresis: float = Field(default=0.8, gt=0, le=1, description="replicas must beat this x SLO to win back")
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> SpillConfig:
+        if self.complexity_share is not None and self.complexity_model is None:
+            raise ValueError("complexity_share needs complexity_model: its calibration makes the share a threshold")
+        if self.complexity_share is not None and self.complexity_threshold is not None:
+            raise ValueError("give complexity_threshold or complexity_share, not both")
+        return self
 
 
 class AffinityConfig(Strict):

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from spillgate.backends.hosted import HostedModel, Price
 from spillgate.gateway.control.config import GatewayConfig, RouteConfig, SpillConfig
+from spillgate.policies.complexity_modelfile import route_complexity
+from spillgate.policies.complexity_ngram import NgramClassifier
 from spillgate.policies.spill import HybridPolicy
 from spillgate.policies.types import Decider, Decision
 
@@ -24,6 +26,10 @@ class Route:
     """The cheapest hosted target's price: what savings are measured against."""
     complex_tier: int = 0
     """The tier a prompt scored complex must get: above every replica's, if a hosted target has one."""
+    classifier: NgramClassifier | None = None
+    """The route's complexity classifier when its spill config names a model; None: the gateway's built-in one."""
+    complexity_threshold: float | None = None
+    """The score from which a prompt is complex: configured, or what ``complexity_share`` calibrates to."""
     spilling: bool = False
     """Whether the last overflow decision spilled: the hysteresis state, fed back into the next decision."""
     dedicated_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -102,12 +108,18 @@ def build_routes(
     owners = {pool for t in config.tenants for pool in t.dedicated_pools}
     for route_config in config.routes:
         targets = tuple(name for target in route_config.targets if target not in owners for name in members[target])
+        spill = route_config.spill
+        classifier, threshold = route_complexity(
+            spill.complexity_model, spill.complexity_threshold, spill.complexity_share
+        )
         route = Route(
             route_config.name,
             targets,
             _route_policy(route_config, hosted_names),
             route_config.spill,
             complex_tier=_complex_tier(route_config, config),
+            classifier=classifier,
+            complexity_threshold=threshold,
             reference_price=_reference_price(route_config, hosted_models),
             dedicated_targets=_dedicated_targets(route_config, config, members, hosted_names),
         )

@@ -225,10 +225,10 @@ class Admission:
 
     def _required_tier(self, parsed: ParsedRequest, route: Route) -> int:
         """The tier a prompt needs: the route's top tier when the classifier scores it complex."""
-        threshold = route.spill.complexity_threshold
+        threshold = route.complexity_threshold
         if threshold is None or not route.complex_tier:
             return 0
-        verdict = self._state.classifier.score(parsed.payload)
+        verdict = (route.classifier or self._state.classifier).score(parsed.payload)
         return route.complex_tier if verdict.score >= threshold else 0
 
     def _match_prefix(
