@@ -388,8 +388,13 @@ def is_complex(payload: Any, threshold: float = DEFAULT_THRESHOLD) -> bool:
 
 def extract_features(payload: Any) -> ComplexityFeatures:
     """Count the cues in an OpenAI chat (or completion) request's ask; malformed parts are skipped, never raised on."""
+    return ask_text(payload)[1]
+
+
+def ask_text(payload: Any) -> tuple[str, ComplexityFeatures]:
+    """The ask a request puts (the window of its last user turn, or of a completion's prompt) and its cue features."""
     if not isinstance(payload, Mapping):
-        return ComplexityFeatures()
+        return "", ComplexityFeatures()
     total = turns = 0
     ask = ""
     for message in _messages(payload):
@@ -407,7 +412,7 @@ def extract_features(payload: Any) -> ComplexityFeatures:
         ask = prompt
         turns = max(turns, 1)
     window = ask_window(ask)
-    return _scan(window, total - len(window), turns, _tool_count(payload))
+    return window, _scan(window, total - len(window), turns, _tool_count(payload))
 
 
 def ask_window(text: str) -> str:

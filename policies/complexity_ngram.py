@@ -25,12 +25,8 @@ from spillgate.policies.complexity import (
     ComplexityFeatures,
     ComplexityVerdict,
     _clamp,
-    _content_text,
-    _messages,
-    _scan,
     _sigmoid,
-    _tool_count,
-    ask_window,
+    ask_text,
 )
 
 _LETTERS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -40,30 +36,6 @@ MAX_TOKENS = 2000
 DENSE_RATE = 10.0
 """The bias and cue weights learn this many times faster than n-gram weights."""
 """At most this many words of an ask are read: the window already bounds a long one."""
-
-
-def ask_text(payload: Any) -> tuple[str, ComplexityFeatures]:
-    """The ask a request puts (the window of its last user turn, or of a completion's prompt) and its cue features."""
-    if not isinstance(payload, Mapping):
-        return "", ComplexityFeatures()
-    total = turns = 0
-    ask = ""
-    for message in _messages(payload):
-        role = message.get("role")
-        text = _content_text(message.get("content"))
-        total += len(text)
-        if role == "user":
-            ask = text
-            turns += 1
-        elif role == "assistant":
-            turns += 1
-    prompt = _content_text(payload.get("prompt"))
-    if prompt:
-        total += len(prompt)
-        ask = prompt
-        turns = max(turns, 1)
-    window = ask_window(ask)
-    return window, _scan(window, total - len(window), turns, _tool_count(payload))
 
 
 def ngrams(text: str) -> set[str]:
