@@ -215,7 +215,7 @@ def _count_spend(metrics: GatewayMetrics, attempt: Attempt, tenant: str, rent: R
 
 
 def _count_cost(metrics: GatewayMetrics, attempt: Attempt, tenant: str, kind: str) -> None:
-    metrics.spend.labels(tenant, attempt.route, attempt.backend, kind).inc(attempt.cost_usd or 0.0)
+    metrics.spend.labels(tenant, attempt.route, attempt.backend, kind, attempt.reason).inc(attempt.cost_usd or 0.0)
     metrics.hosted_equivalent.labels(tenant, attempt.route).inc(attempt.hosted_equivalent_usd or 0.0)
 
 

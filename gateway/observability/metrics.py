@@ -110,8 +110,9 @@ class GatewayMetrics:
         )
         self.spend = Counter(
             "spillgate_spend_usd",
-            "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput.",
-            ("tenant", "route", "backend", "kind"),
+            "What requests cost: hosted at the provider's prices, replicas as GPU time over their throughput; "
+            "reason: why the backend was chosen (complex: the complexity score sent it to the top tier).",
+            ("tenant", "route", "backend", "kind", "reason"),
             registry=self.registry,
         )
         self.hosted_equivalent = Counter(

@@ -59,7 +59,7 @@ def record_traffic(gateway: GatewayState) -> None:
     m.prompt_tokens.labels("shared-0", "cached").inc(400)
     m.prompt_tokens.labels("vip-pool-0", "prompt").inc(500)
     for tenant, usd in (("tenant-a", 0.25), ("tenant-b", 0.5), ("vip", 1.0)):
-        m.spend.labels(tenant, "chat", "shared-0", "replica").inc(usd)
+        m.spend.labels(tenant, "chat", "shared-0", "replica", "least_load").inc(usd)
     m.slo.labels("gold", "met").inc(2)
     m.slo.labels("silver", "ttft_missed").inc(1)
 

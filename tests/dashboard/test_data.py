@@ -160,6 +160,17 @@ async def test_figures_equal_what_metrics_renders(client: httpx.AsyncClient, gat
     }
 
 
+async def test_complex_asks_show_their_share_and_spend_per_route(
+    client: httpx.AsyncClient, gateway: GatewayState
+) -> None:
+    gateway.metrics.requests.labels("chat", "frontier", "ok", "complex").inc(5)
+    gateway.metrics.spend.labels("tenant-a", "chat", "frontier", "hosted", "complex").inc(0.75)
+    data = (await get(client, inproc.ADMIN_KEY)).json()
+    (chat,) = data["complexity"]["routes"]
+    assert chat == {"route": "chat", "requests": 10, "complex": 5, "complex_share": 0.5, "complex_spend_usd": 0.75}
+    assert (await get(client, inproc.KEYS["tenant-a"])).json()["complexity"] is None
+
+
 async def test_window_and_bucket_are_bounded(client: httpx.AsyncClient) -> None:
     response = await get(client, inproc.ADMIN_KEY, window_s=86400, bucket_s=1)
     assert response.status_code == 422 and response.json()["error"]["param"] == "bucket_s"

@@ -74,6 +74,7 @@ async def dashboard_data(
             "capacity": report_json(capacity_report(state)),
             "savings": panels.savings(samples, pools, baselined),
             "requests": panels.requests_by_reason(samples, kinds),
+            "complexity": panels.complexity(samples),
             "slo": panels.slo(samples),
             "tenant_labels": state.config.metrics.tenant_labels,
         }
@@ -84,6 +85,7 @@ async def dashboard_data(
             "capacity": None,
             "savings": None,
             "requests": None,
+            "complexity": None,
             "slo": None,
             "restricted": ADMIN_ONLY,
         }

@@ -45,6 +45,27 @@ def requests_by_reason(samples: Samples, kinds: Mapping[str, str]) -> Panel:
     return {"rows": ordered, "total": sum(cells.values())}
 
 
+def complexity(samples: Samples) -> Panel:
+    """Per route: the share of its requests the complexity score sent to the top tier (reason ``complex``), and
+    what those requests cost."""
+    requests = samples.sum_by("spillgate_requests_total", "route", "reason")
+    spend = samples.sum_by("spillgate_spend_usd_total", "route", "reason")
+    totals: dict[str, float] = {}
+    for (route, _), count in requests.items():
+        totals[route] = totals.get(route, 0.0) + count
+    rows = [
+        {
+            "route": route,
+            "requests": total,
+            "complex": requests.get((route, "complex"), 0.0),
+            "complex_share": _ratio(requests.get((route, "complex"), 0.0), total),
+            "complex_spend_usd": spend.get((route, "complex"), 0.0),
+        }
+        for route, total in sorted(totals.items())
+    ]
+    return {"routes": rows, "complex_spend_usd": sum(r["complex_spend_usd"] for r in rows)}
+
+
 REFUSALS = "spillgate_refusals_total"
 
 

@@ -323,6 +323,13 @@ function renderRequests(data) {
       class: row.spill ? "spill" : "",
       cells: [row.reason, ...["total", "replica", "hosted", "failed"].map(
         (k) => cell(row[k], "count", `requests.${row.reason}.${k}`))],
+    }))),
+    heading("complex asks by route"),
+    table(["route", "requests", "complex", "complex share", "their spend"], data.complexity.routes.map((c) => ({
+      cells: [c.route, cell(c.requests, "count", `complexity.${c.route}.requests`),
+        cell(c.complex, "count", `complexity.${c.route}.complex`),
+        cell(c.complex_share, "pct", `complexity.${c.route}.share`),
+        cell(c.complex_spend_usd, "usd", `complexity.${c.route}.spend`)],
     }))));
 }
 
