@@ -75,6 +75,8 @@ async def _send(
 ) -> httpx.Response:
     body = {key: value for key, value in arguments.items() if key not in _LITELLM_ONLY}
     body["model"] = model.litellm_model.removeprefix(_PREFIX)
+    if "messages" in body:
+        body["messages"] = _without_cache_control(body["messages"])
     headers = {
         **arguments.get("extra_headers", {}),
         "content-type": "application/json",
@@ -134,3 +136,32 @@ _LITELLM_ONLY = frozenset(
 )
 """litellm's own arguments among :func:`~backends.hosted.client.request_arguments` (and the headers
 :func:`~backends.hosted.client.complete` adds): never sent in the body."""
+
+
+def _without_cache_control(messages: Any) -> Any:
+    """Anthropic's ``cache_control`` marks dropped from messages and their content parts, as litellm drops them for
+    OpenAI: a route that reaches both an Anthropic model and an OpenAI-compatible one keeps them for the first only.
+    ``messages`` is returned as it is when it has none (the usual case: one pass over the parts, no copy)."""
+    if not isinstance(messages, list) or not any(_marked(message) for message in messages):
+        return messages
+    return [_unmarked(message) for message in messages]
+
+
+def _marked(message: Any) -> bool:
+    if not isinstance(message, dict):
+        return False
+    content = message.get("content")
+    parts = content if isinstance(content, list) else ()
+    return "cache_control" in message or any(isinstance(p, dict) and "cache_control" in p for p in parts)
+
+
+def _unmarked(message: Any) -> Any:
+    if not _marked(message):
+        return message
+    cleaned = {k: v for k, v in message.items() if k != "cache_control"}
+    if isinstance(cleaned.get("content"), list):
+        cleaned["content"] = [
+            {k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p
+            for p in cleaned["content"]
+        ]
+    return cleaned
