@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from spillgate.gateway.faces.bridge import sse
 from spillgate.gateway.faces.messages_answer import matched_stop, message_id, stop_reason, tool_use_id, usage
 from spillgate.gateway.faces.messages_errors import error_object
@@ -32,6 +34,11 @@ class MessagesStream:
         self._finish: object = None
         self._matched: object = None
         self._usage: object = None
+        self._sent: dict[str, str] = {}
+        """Per tool block: the arguments streamed so far."""
+        self._held: dict[str, str] = {}
+        """Per tool block: arguments held back because they do not start a JSON object (Anthropic's ``input`` always
+        is one): sent whole as ``{"_raw": ...}`` when the block closes, as the whole answer gives them."""
 
     async def chunk(self, chunk: dict[str, Any]) -> bytes:
         out: list[bytes] = []
@@ -106,7 +113,14 @@ class MessagesStream:
             self._tools_called = True
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+            sent = self._sent.get(key, "")
+            if key not in self._held and (sent + arguments).lstrip()[:1] not in ("", "{"):
+                self._held[key] = sent.strip()  # only whitespace went out so far
+            if key in self._held:
+                self._held[key] += arguments
+            else:
+                self._sent[key] = sent + arguments
+                out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
         return out
 
     def _open_block(self, key: str, block: dict[str, Any]) -> list[bytes]:
@@ -127,8 +141,14 @@ class MessagesStream:
     def _close_block(self) -> list[bytes]:
         if self._open is None:
             return []
+        out: list[bytes] = []
+        held = self._held.pop(self._open, None)
+        if held is not None:
+            raw = orjson.dumps({"_raw": held}).decode()
+            out.append(self._delta({"type": "input_json_delta", "partial_json": raw}))
         self._open = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": self._index})]
+        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self._index}))
+        return out
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return sse("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})

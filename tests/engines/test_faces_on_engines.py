@@ -266,23 +266,10 @@ def test_a_named_strict_tool_is_called_through_responses(sdk: openai.OpenAI) -> 
         response.model_dump_json()
 
 
-SGLANG_STREAMED_ARGUMENTS = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="SGLang streams a forced call's free arguments as they come (here not a JSON object) and the face "
-    "relays them as input_json_delta, so the streamed tool_use input is not an object; the whole answer wraps "
-    "such arguments as {'_raw': ...}",
-)
-
-
-def test_a_streamed_named_tool_call_through_messages(
-    claude: anthropic.Anthropic, world: World, request: pytest.FixtureRequest
-) -> None:
+def test_a_streamed_named_tool_call_through_messages(claude: anthropic.Anthropic, world: World) -> None:
     """Anthropic tools carry no ``strict``: vLLM still holds the arguments to the schema, so its call parses whole;
     SGLang leaves them free, and the random model writes what it will, which must still reach the client as an
     object."""
-    if world.real and world.engine == "sglang":
-        request.applymarker(SGLANG_STREAMED_ARGUMENTS)
     tool = {"name": "get_weather", "description": "The weather.", "input_schema": WEATHER_PARAMETERS}
     with claude.messages.stream(
         model="chat",

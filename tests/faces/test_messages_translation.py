@@ -175,3 +175,25 @@ def test_anthropic_models_default_to_anthropics_cache_ratios() -> None:
     mapped = price_for("anthropic/claude-sonnet-4-5")
     assert isinstance(mapped, CacheWritingPrice) and mapped.cache_write == pytest.approx(1.25 * mapped.input)
     assert not isinstance(price_for("openai/gpt-4o"), CacheWritingPrice)
+
+
+async def test_streamed_tool_arguments_that_are_not_an_object_arrive_as_raw() -> None:
+    """Real SGLang, asked for a named tool without a strict schema, streamed a bare number as the arguments: the
+    block's ``input`` must still be an object, as the whole answer gives it."""
+    from spillgate.gateway.faces.messages_stream import MessagesStream
+
+    stream = MessagesStream("chat", ())
+    call = {"id": "call_1", "index": 0, "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "47"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "12"}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+    ]
+    events = b"".join([await stream.chunk(chunk) for chunk in chunks]) + await stream.end(None)
+    partial = [
+        orjson.loads(line[6:])["delta"]["partial_json"]
+        for line in events.split(b"\n")
+        if line.startswith(b"data: ") and b"input_json_delta" in line
+    ]
+    assert orjson.loads("".join(partial)) == {"_raw": "4712"}
