@@ -227,7 +227,7 @@ def test_a_client_that_leaves_before_any_answer_is_logged_when_it_goes(gateway: 
         httpx.post(gateway.url + CHAT, json=body, headers=auth(request_id=request_id), timeout=timeout)
     line = line_of(gateway, request_id)
     assert (line["status"], line["outcome"], line["backend"]) == (499, "client_disconnected", "hung-0")
-    assert line["duration_ms"] >= 300
+    assert line["duration_ms"] >= 200  # the client waited 0.3 s from sending; the gateway's clock starts later
 
 
 def test_the_clients_trace_id_is_logged(gateway: RunningProcess) -> None:

@@ -126,12 +126,13 @@ def test_an_unreadable_tokenizer_fails_fast(tmp_path: Path) -> None:
 
 
 def run_serve(path: Path) -> subprocess.CompletedProcess[str]:
+    # The simulators start while the config is checked, and a refused config stops them: slow on a busy machine.
     return subprocess.run(
         [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
 
 
