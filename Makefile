@@ -21,9 +21,12 @@ $(VENV)/.test: $(VENV)/.runtime
 demo: $(VENV)/.runtime  # `make demo PORT=9000` to listen elsewhere than 8080
 	$(VENV)/bin/spillgate serve $(if $(PORT),--port $(PORT))
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist): its tests mostly wait for the processes they start.
+TEST_WORKERS ?= 2
+
 test: $(VENV)/.test redis-server chromium
 	$(PY) -m ruff check gateway policies backends cache tests
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # Exit status 3 from the installer means this machine cannot run the engines: the tier says so in one line and
 # passes, unless SPILLGATE_REQUIRE_ENGINES is set (CI), where it fails.
