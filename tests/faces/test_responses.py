@@ -7,7 +7,6 @@ sends what the turn should have become get the same text: that is how these test
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,12 +40,7 @@ def client(served: RunningProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.url + "/v1", api_key=TENANT_KEY, max_retries=0)
 
 
-@pytest.fixture(autouse=True)
-def no_sdk_warnings() -> Iterator[None]:
-    """Whatever the SDK parses or serialises here must match its models: any warning fails the test."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
+pytestmark = pytest.mark.filterwarnings("error")  # the SDK reads every answer without a warning
 
 
 def chat_text(client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int, model: str = "chat") -> str:

@@ -4,7 +4,6 @@ official ``openai`` SDK against real gateways over a simulated replica."""
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -45,11 +44,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
         yield Shared(first, second, redis_stack)
 
 
-@pytest.fixture(autouse=True)
-def no_sdk_warnings() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
+pytestmark = pytest.mark.filterwarnings("error")  # the SDK reads every answer without a warning
 
 
 def sdk(gateway: RunningProcess, key: str = TENANT_KEY) -> openai.OpenAI:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,11 +53,7 @@ def client(served: RunningProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.url + "/v1", api_key=TENANT_KEY, max_retries=0)
 
 
-@pytest.fixture(autouse=True)
-def no_sdk_warnings() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        yield
+pytestmark = pytest.mark.filterwarnings("error")  # the SDK reads every answer without a warning
 
 
 def last_received(replica: RunningProcess) -> dict[str, Any]:
