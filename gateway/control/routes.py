@@ -26,6 +26,8 @@ class Route:
     """The cheapest hosted target's price: what savings are measured against."""
     complex_tier: int = 0
     """The tier a prompt scored complex must get: above every replica's, if a hosted target has one."""
+    embeddings: bool = False
+    """Its targets are ``task: embed``: it serves ``/v1/embeddings`` and nothing else (a route has one task)."""
     classifier: NgramClassifier | None = None
     """The route's complexity classifier when its spill config names a model; None: the gateway's built-in one."""
     complexity_threshold: float | None = None
@@ -105,6 +107,9 @@ def build_routes(
     """Every route under its name and each alias; ``members`` lists the backends of each pool/model."""
     routes: dict[str, Route] = {}
     hosted_names = {h.name for h in config.hosted_models}
+    embedders = {p.name for p in config.pools if p.task == "embed"} | {
+        h.name for h in config.hosted_models if h.task == "embed"
+    }
     owners = {pool for t in config.tenants for pool in t.dedicated_pools}
     for route_config in config.routes:
         targets = tuple(name for target in route_config.targets if target not in owners for name in members[target])
@@ -118,6 +123,7 @@ def build_routes(
             _route_policy(route_config, hosted_names),
             route_config.spill,
             complex_tier=_complex_tier(route_config, config),
+            embeddings=bool(route_config.targets) and all(t in embedders for t in route_config.targets),
             classifier=classifier,
             complexity_threshold=threshold,
             reference_price=_reference_price(route_config, hosted_models),

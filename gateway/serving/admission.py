@@ -23,7 +23,6 @@ from spillgate.gateway.errors import ApiError
 from spillgate.gateway.observability.tracing import Tracing
 from spillgate.gateway.serving.exchange import Attempt
 from spillgate.gateway.serving.rate_headers import rate_limit_headers
-from spillgate.gateway.serving.route_tasks import RouteTasks, wrong_task
 from spillgate.gateway.serving.validation import (
     ParsedRequest,
     parse_chat_request,
@@ -67,7 +66,6 @@ class Admission:
             self._parse = parse_embedding_request
         else:
             self._parse = parse_chat_request if chat else parse_completion_request
-        self._tasks = RouteTasks()
 
     async def admit(self, tenant: Tenant, body: bytes, attempt: Attempt) -> Admitted:
         parsed, request, route, targets = self._resolve(tenant, body, attempt)
@@ -91,10 +89,7 @@ class Admission:
             raise ApiError(
                 403, f"This key may not use the model '{parsed.model}'.", param="model", code="model_not_allowed"
             )
-        tasks = self._tasks
-        if state.routes is not tasks.routes:
-            tasks.refresh(state)
-        if (route.name in tasks.embedding) is not self._embeddings:
+        if route.embeddings is not self._embeddings:
             raise wrong_task(parsed.model, embeddings_route=not self._embeddings)
         attempt.route = route.name
         attempt.reference_price = route.reference_price
@@ -259,6 +254,20 @@ class Admission:
 def input_key(parsed: ParsedRequest) -> int:
     """A hash of an embeddings request's ``input``: what a prefix-affine policy hashes in place of a prefix."""
     return xxhash.xxh3_64_intdigest(orjson.dumps(parsed.payload.get("input")))
+
+
+def wrong_task(model: str, *, embeddings_route: bool) -> ApiError:
+    """The 400 for a request to a route of the other task, naming ``model`` and the endpoint it takes."""
+    if embeddings_route:
+        message = (
+            f"The model '{model}' is an embeddings model: call POST /v1/embeddings with it, not a generation endpoint."
+        )
+    else:
+        message = (
+            f"The model '{model}' is a generation model and does not serve embeddings: call POST /v1/embeddings "
+            "with an embeddings model."
+        )
+    return ApiError(400, message, param="model", code="wrong_model_task")
 
 
 def _quota_error(refused: QuotaExceeded) -> ApiError:
