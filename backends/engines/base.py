@@ -10,7 +10,7 @@ test which one it is.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -125,6 +125,11 @@ class Engine(ABC):
     def error_message(self, body: object) -> tuple[str, str | None] | None:
         """The message (and the parameter it names) of an error body in this engine's shape, if it has one."""
         return openai_error_message(body)
+
+    def template_messages(self, payload: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """A chat request's messages as this engine hands them to the model's chat template: the prefix index
+        renders the same, so that its blocks are the ones the engine caches. As sent, unless an engine says."""
+        return payload["messages"]
 
 
 _ENGINES: dict[str, Engine] = {}

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from spillgate.backends.engines.base import (
@@ -100,6 +101,23 @@ class SGLang(Engine):
                 message = message.split("\n\n  File ", 1)[0].strip()
                 return message, param if isinstance(param, str) else None
         return openai_error_message(body)
+
+    def template_messages(self, payload: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        return final_assistant_as_user(payload)
+
+
+def final_assistant_as_user(payload: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """SGLang renders a chat that ends with the assistant's text as if the user had said it, unless the request
+    asks to continue that message (``serving_chat.py``, ``_handle_last_assistant_message``; a missing content is
+    "" by then, so a final tool call becomes an empty user turn). Content parts are left as they are."""
+    messages = payload["messages"]
+    last = messages[-1] if messages else None
+    if not isinstance(last, Mapping) or last.get("role") != "assistant" or payload.get("continue_final_message"):
+        return messages
+    content = last.get("content")
+    if content is not None and not isinstance(content, str):
+        return messages
+    return [*messages[:-1], {"role": "user", "content": content or ""}]
 
 
 def effective_max_running(info: dict[str, Any]) -> int:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from spillgate.backends.engines.sglang import final_assistant_as_user
 from spillgate.backends.sim import logprobs, payloads
 from spillgate.backends.sim.choices import Choice, close_all, merged, results, token_texts
 from spillgate.backends.sim.client_features import ChoicePlan, forced_tools, plan_choice, sglang_problem
@@ -135,9 +136,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, replic
     problem = sglang_problem(body.tools, body.tool_choice, body.response_format)
     if problem:
         return error_response(problem)
-    input_ids = body.input_ids or replica.chat_template.render(
-        [message.model_dump(exclude_none=True) for message in body.messages], body.tools
-    )
+    messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    rendered = final_assistant_as_user({"messages": messages, "continue_final_message": body.continue_final_message})
+    input_ids = body.input_ids or replica.chat_template.render(rendered, body.tools)
     try:
         choices = _submit_choices(replica, input_ids, body, body.token_limit, _plans(replica, input_ids, body))
     except ValueError as exc:

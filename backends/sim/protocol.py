@@ -80,6 +80,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    continue_final_message: bool = False
 
     @property
     def token_limit(self) -> int | None:

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from spillgate.backends.engines import Engine, engine_named
 from spillgate.backends.hosted import HostedModel, Price
 from spillgate.gateway.control.config import GatewayConfig, RouteConfig, SpillConfig
 from spillgate.policies.complexity_modelfile import route_complexity
@@ -36,6 +37,9 @@ class Route:
     """Whether the last overflow decision spilled: the hysteresis state, fed back into the next decision."""
     dedicated_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """For each tenant with dedicated pools: its pools' replicas (and the route's hosted targets)."""
+    engine: Engine | None = None
+    """The engine every pool of the route runs, whose way of rendering a chat the prefix index follows; None when
+    its pools run different engines (the chat is rendered as sent)."""
     _sequence: Iterator[int] = field(default_factory=itertools.count, repr=False)
 
     def targets_for(self, tenant: str) -> tuple[str, ...]:
@@ -101,6 +105,11 @@ def _route_policy(route: RouteConfig, hosted_names: set[str]) -> Decider:
     return HybridPolicy(route.policy, replicas, on_slo_miss=route.spill.on_slo_miss, hysteresis=route.spill.hysteresis)
 
 
+def _route_engine(route_config: RouteConfig, config: GatewayConfig) -> Engine | None:
+    engines = {pool.engine for pool in config.pools if pool.name in route_config.targets}
+    return engine_named(engines.pop()) if len(engines) == 1 else None
+
+
 def build_routes(
     config: GatewayConfig, members: Mapping[str, list[str]], hosted_models: Mapping[str, HostedModel]
 ) -> dict[str, Route]:
@@ -128,6 +137,7 @@ def build_routes(
             complexity_threshold=threshold,
             reference_price=_reference_price(route_config, hosted_models),
             dedicated_targets=_dedicated_targets(route_config, config, members, hosted_names),
+            engine=_route_engine(route_config, config),
         )
         for name in (route_config.name, *route_config.aliases):
             routes[name] = route

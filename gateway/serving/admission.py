@@ -101,7 +101,7 @@ class Admission:
             # No prefix to match: a prefix policy routes an input by its hash (consistent_hash) or by load.
             prefix_key = input_key(parsed) if route.policy.uses_prefix else 0
         elif route.policy.uses_prefix:
-            parsed = self._match_prefix(parsed, targets, tenant, attempt)
+            parsed = self._match_prefix(parsed, route, targets, tenant, attempt)
             prefix_key = attempt.fingerprint.prefix_key if attempt.fingerprint else 0
         request = RouteRequest(
             tenant=tenant.name,
@@ -227,17 +227,21 @@ class Admission:
         return route.complex_tier if verdict.score >= threshold else 0
 
     def _match_prefix(
-        self, parsed: ParsedRequest, targets: tuple[str, ...], tenant: Tenant, attempt: Attempt
+        self, parsed: ParsedRequest, route: Route, targets: tuple[str, ...], tenant: Tenant, attempt: Attempt
     ) -> ParsedRequest:
         """Fingerprint the prompt (salted as the replica's cache will be) and ask the index how much each candidate
         holds. With a tokenizer configured the prompt's token count is known: it replaces the estimate from its
         length. A conversation the model's chat template refuses is routed without prefix affinity (the replica
         gives the client its error)."""
         prefix = self._state.prefix
+        payload = parsed.payload
+        if self._chat and route.engine is not None:
+            messages = route.engine.template_messages(payload)
+            if messages is not payload["messages"]:
+                payload = {**payload, "messages": messages}
         try:
-            fingerprint = prefix.fingerprint(
-                parsed.payload, chat=self._chat, salt=tenant.cache_salt(parsed.payload.get("cache_salt"))
-            )
+            salt = tenant.cache_salt(payload.get("cache_salt"))
+            fingerprint = prefix.fingerprint(payload, chat=self._chat, salt=salt)
         except ValueError:
             return parsed
         if prefix.tokenizer is not None:

@@ -114,6 +114,30 @@ def test_predicted_cached_tokens_match_the_replicas_reports_through_evictions(wo
     assert 'spillgate_prefix_predictions{backend="pool-0",outcome="exact",source="events"}' in scraped
 
 
+def test_a_chat_ending_with_a_long_assistant_message_is_predicted_exactly(world: World) -> None:
+    """SGLang renders a chat's final assistant message as the user's, vLLM as the assistant's: the gateway renders
+    as the route's engine does, so the second of two such requests is predicted as the replica then reports it
+    (rendered the other way, the blocks after the last user turn would be predicted and not found)."""
+    gateway = world.gateway
+    wait_until_followed(gateway)
+    messages = [*conversation(40, 1)[:-1], {"role": "assistant", "content": " ".join(f"d{i}" for i in range(300))}]
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
+    before = replica_health(gateway)
+    for _ in range(2):
+        client.chat.completions.create(model="aware", messages=messages, max_tokens=2)
+        time.sleep(0.1)
+    after = replica_health(gateway)
+    added = {
+        outcome: sum(
+            b["prefix"]["predictions"].get("events", {}).get(outcome, 0)
+            - before[name]["prefix"]["predictions"].get("events", {}).get(outcome, 0)
+            for name, b in after.items()
+        )
+        for outcome in ("exact", "over", "under")
+    }
+    assert added == {"exact": 2, "over": 0, "under": 0}, after
+
+
 async def test_the_index_holds_what_each_replicas_cache_holds(world: World) -> None:
     """A subscription of this process's own, joining late and catching up from the replay socket, predicts every
     sequence each replica's radix cache holds in full after a workload that evicts, and nothing for a prompt it
