@@ -347,7 +347,9 @@ def _print_banner(
         f"  data directory:  {data_dir}   (ledger, config history; state.data_dir)",
     ]
     for pool in config.pools:
-        lines.append(f"  pool {pool.name}: {', '.join([*pool.replicas, *replica_urls.get(pool.name, [])])}")
+        lines.append(
+            f"  pool {pool.name}: {', '.join([*(r.url for r in pool.replicas), *replica_urls.get(pool.name, [])])}"
+        )
     for hosted in config.hosted_models:
         where = hosted_urls.get(hosted.name) or hosted.api_base or "provider default"
         lines.append(f"  hosted {hosted.name}: {hosted.model} at {where}")

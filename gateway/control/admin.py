@@ -12,10 +12,10 @@ import yaml
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from spillgate.gateway.control.catalog import discovered_name
 from spillgate.gateway.control.config import ConfigError, check_replica_url
 from spillgate.gateway.control.live_config import LiveConfig
 from spillgate.gateway.control.replica_edits import ReplicaEditRefused, add_replica, remove_replica
+from spillgate.gateway.control.replica_names import discovered_name
 from spillgate.gateway.errors import ApiError, error_body
 from spillgate.gateway.state import GatewayState
 from spillgate.gateway.tenancy.tenants import Admin
@@ -66,12 +66,17 @@ def admin_router(state: GatewayState) -> APIRouter:
 
     @router.post("/pools/{pool}/replicas")
     async def add_pool_replica(pool: str, request: Request) -> Response:
-        """Add one static replica (``{"url": "http://host:port"}``) to a pool: a config version like any edit."""
+        """Add one static replica (``{"url": "http://host:port"}``, ``"name"`` optional) to a pool: a config version
+        like any edit. It goes by ``pool/name``, else ``pool/host:port``, and no other replica's name changes."""
         config, admin = live(request)
-        url = _replica_url(_json_body(await request.body()).get("url"))
+        body = _json_body(await request.body())
+        url = _replica_url(body.get("url"))
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ApiError(422, "A replica's 'name' is a string.", param="name", code="invalid_replica_name")
         found = {p: [r.url for r in rs] for p, rs in state.discovery.replicas(state.config).items()}
         simulated = [u for urls in state.endpoints.replicas.values() for u in urls]
-        edit = add_replica(pool, url, found, simulated)
+        edit = add_replica(pool, url, found, simulated, name)
         return await _change(config.edit(edit, f"admin:{admin.key_id}", keeping_admin=admin.digest))
 
     @router.delete("/pools/{pool}/replicas")

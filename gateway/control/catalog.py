@@ -2,7 +2,8 @@
 
 Backends outlive config versions: a replica or hosted model that keeps its name and address keeps its
 object, so in-flight bookkeeping, health and learned rates carry over, and requests admitted under the
-old version settle on the same counters the new version routes by.
+old version settle on the same counters the new version routes by. A replica's name never depends on the
+others (:mod:`replica_names`), so one joining or leaving its pool leaves every other where it was.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from spillgate.gateway.control.config import (
     KvEventsConfig,
     PoolConfig,
 )
+from spillgate.gateway.control.replica_names import discovered_name, simulated_name
 from spillgate.gateway.control.routes import Route, build_routes
 from spillgate.gateway.control.secrets import resolve_secret
 from spillgate.gateway.tenancy.tenants import TenantDirectory
@@ -70,15 +72,25 @@ def build_catalog(
     members: dict[str, list[str]] = {}
     prices: list[PoolPrice] = []
     for pool in config.pools:
-        urls = [*pool.replicas, *(endpoints.replicas.get(pool.name, []) if pool.simulated is not None else [])]
-        origins = ["config"] * len(pool.replicas) + ["simulated"] * (len(urls) - len(pool.replicas))
-        names = [f"{pool.name}-{index}" for index in range(len(urls))]
+        simulated = endpoints.replicas.get(pool.name, []) if pool.simulated is not None else []
+        urls = [*(r.url for r in pool.replicas), *simulated]
+        names = [*pool.replica_names(), *(simulated_name(pool.name, index) for index in range(len(simulated)))]
+        origins = ["config"] * len(pool.replicas) + ["simulated"] * len(simulated)
         found = (discovered or {}).get(pool.name, ()) if pool.discovery is not None else ()
         known = {url.rstrip("/") for url in urls}
         for replica in sorted(found):
             name = discovered_name(pool.name, replica.pod)
-            if replica.url in known or name in names:
+            if replica.url in known:
                 log.info("discovered %s at %s is already in pool %s: served once", replica.pod, replica.url, pool.name)
+                continue
+            if name in names:
+                log.warning(
+                    "discovered %s at %s is not served: a configured replica of pool %s is named %s",
+                    replica.pod,
+                    replica.url,
+                    pool.name,
+                    name,
+                )
                 continue
             urls.append(replica.url)
             names.append(name)
@@ -97,12 +109,6 @@ def build_catalog(
 
 def pool_price(pool: PoolConfig, replicas: int) -> PoolPrice:
     return PoolPrice(pool.name, replicas, pool.gpu_usd_per_hour, pool.prefill_tokens_per_s, pool.output_tokens_per_s)
-
-
-def discovered_name(pool: str, pod: str) -> str:
-    """A discovered replica's backend name: its pool and pod, the same in every gateway process (shared state in
-    Redis is keyed by it) and for as long as the pod lives."""
-    return f"{pool}/{pod}"
 
 
 def _pool_backends(

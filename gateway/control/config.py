@@ -10,12 +10,23 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from spillgate.backends.engines import engine_names
-from spillgate.gateway.control.egress import env_problems, url_problems
+from spillgate.gateway.control.egress import env_problems, origin, url_problems
 from spillgate.gateway.control.plain_data import non_json_problems
+from spillgate.gateway.control.replica_names import REPLICA_NAME_PATTERN, configured_name, simulated_name
 from spillgate.policies.complexity_modelfile import ModelFileError, load_model
 from spillgate.policies.engine import Policy, with_weights
 from spillgate.policies.registry import PolicyParamError, build_policy, policy_names
@@ -64,6 +75,15 @@ def check_replica_url(url: str) -> str:
     return url
 
 
+def _check_replica_name(name: str) -> str:
+    if not re.fullmatch(REPLICA_NAME_PATTERN, name) or len(name) > 63:
+        raise ValueError(
+            f"{name!r} is not a replica name: up to 63 letters, digits, '.', '_' or '-', from a letter or digit "
+            "(it follows the pool's name and a '/'; a ':' is left to names from an address, host:port)"
+        )
+    return name
+
+
 ReplicaUrl = Annotated[str, AfterValidator(check_replica_url)]
 """``http(s)://host[:port]``: see :func:`check_replica_url`."""
 KeySpec = Annotated[str, AfterValidator(_check_key_spec)]
@@ -108,6 +128,36 @@ class Strict(BaseModel):
     """Unknown fields are mistakes in a config file: refuse them instead of ignoring them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StaticReplica(Strict):
+    """One of a pool's ``replicas``, written as its URL or as ``{url, name}``. Its name keys what the gateway learns
+    about it (:mod:`replica_names`): ``pool/name``, else ``pool/host:port``, so it keeps it whatever else joins or
+    leaves the pool."""
+
+    url: ReplicaUrl
+    name: Annotated[str, AfterValidator(_check_replica_name)] | None = Field(
+        default=None, description="shown after the pool's name (pool/name); default its host:port (pool/host:port)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_url(cls, value: object) -> object:
+        if isinstance(value, str):
+            return {"url": check_replica_url(value)}  # a bad one is refused at the entry, as it was written
+        if isinstance(value, dict | StaticReplica):
+            return value
+        raise ValueError("a replica is its URL (http://host:port) or {url: http://host:port, name: NAME}")
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> object:
+        """A URL alone when unnamed, as it is usually written (the checks over raw configs read both forms)."""
+        return self.url if self.name is None else handler(self)
+
+    @property
+    def address(self) -> str:
+        """Where requests go: ``scheme://host:port`` (two entries with one address are one replica)."""
+        return origin(self.url)
 
 
 class ListenConfig(Strict):
@@ -290,8 +340,10 @@ class PoolConfig(Strict):
     engine: EngineName = Field(
         default="sglang", description="sglang, vllm, openai (any compatible server), or another registered engine"
     )
-    replicas: list[ReplicaUrl] = Field(
-        default_factory=list, description="each http(s)://host:port, no path, query or user"
+    replicas: list[StaticReplica] = Field(
+        default_factory=list,
+        description="each http(s)://host:port (no path, query or user), or {url, name}; named pool/name, "
+        "else pool/host:port",
     )
     api_key: str | None = Field(default=None, description="the replicas' --api-key: literal, or os.environ/NAME")
     simulated: SimulatedReplicas | None = None
@@ -324,6 +376,15 @@ class PoolConfig(Strict):
         if not self.replicas and self.simulated is None and self.discovery is None:
             raise ValueError("a pool needs 'replicas' (URLs), 'simulated' or 'discovery'")
         return self
+
+    def replica_names(self) -> list[str]:
+        """The configured replicas' names, in their order (:mod:`replica_names`)."""
+        return [configured_name(self.name, replica.url, replica.name) for replica in self.replicas]
+
+    def simulated_names(self) -> list[str]:
+        """The simulated replicas' names, whatever their addresses this time."""
+        count = self.simulated.count if self.simulated is not None else 0
+        return [simulated_name(self.name, index) for index in range(count)]
 
 
 class SimulatedHosted(Strict):
@@ -656,6 +717,7 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
     problems += _duplicates("pools/hosted_models", "pool or hosted model", targets)
     problems += _duplicates("routes", "route name or alias", [n for r in config.routes for n in (r.name, *r.aliases)])
     problems += _duplicates("tenants", "tenant", [t.name for t in config.tenants])
+    problems += replica_name_problems(config)
     known = set(targets)
     tasks = {p.name: p.task for p in config.pools} | {h.name: h.task for h in config.hosted_models}
     for i, route in enumerate(config.routes):
@@ -696,6 +758,38 @@ def reference_problems(config: GatewayConfig) -> list[tuple[str, str]]:
             problems.append((f"routes.{i}.targets", f"every target is a dedicated pool: tenants {users} get nothing"))
     if config.auth.required and not config.tenants:
         problems.append(("auth.required", "auth.required is true but no tenants are configured"))
+    return problems
+
+
+def replica_name_problems(config: GatewayConfig) -> list[tuple[str, str]]:
+    """A replica listed twice in its pool, and backend names taken twice: a name keys a backend's learned state,
+    so two backends under one would share it."""
+    problems: list[tuple[str, str]] = []
+    owners: dict[str, str] = {}
+
+    def claim(name: str, path: str, what: str) -> None:
+        if name in owners:
+            problems.append((path, f"{what} {name!r} is taken by {owners[name]}: rename one of them"))
+        else:
+            owners.setdefault(name, path)
+
+    for i, pool in enumerate(config.pools):
+        addresses: dict[str, int] = {}
+        for j, (replica, name) in enumerate(zip(pool.replicas, pool.replica_names(), strict=True)):
+            where = f"pools.{i}.replicas.{j}"
+            first = addresses.setdefault(replica.address, j)
+            if first != j:
+                problems.append(
+                    (where, f"{replica.url} has the address of pools.{i}.replicas.{first}: list a replica once")
+                )
+            elif replica.name is not None:
+                claim(name, f"{where}.name", "replica name")
+            else:
+                claim(name, where, "replica name (from its address)")
+        for index, name in enumerate(pool.simulated_names()):
+            claim(name, f"pools.{i}.simulated", f"simulated replica {index}'s name")
+    for i, hosted in enumerate(config.hosted_models):
+        claim(hosted.name, f"hosted_models.{i}.name", "hosted model name")
     return problems
 
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from spillgate.gateway.control.egress import discovery_destination
+from spillgate.gateway.control.egress import discovery_destination, replica_url
 from spillgate.gateway.control.secrets import ENV_PREFIX
 from spillgate.gateway.tenancy.tenants import key_digest
 
@@ -112,7 +112,7 @@ def destination(section: str, entry: dict[str, Any]) -> Destination:
     if section == "hosted_models":
         return Destination("hosted", (entry.get("model"), entry.get("api_base")))
     replicas = entry.get("replicas")
-    addresses = frozenset(str(r) for r in replicas) if isinstance(replicas, list) else frozenset()
+    addresses = frozenset(replica_url(r) or str(r) for r in replicas) if isinstance(replicas, list) else frozenset()
     target = (entry.get("engine", "sglang"), discovery_destination(entry.get("discovery")))
     return Destination("pool", target, addresses)
 

@@ -91,15 +91,24 @@ def _split(url: str) -> SplitResult | None:
         return None
 
 
+def replica_url(entry: object) -> str | None:
+    """The URL of one entry of a raw config's ``replicas``: the entry itself, or its ``url`` (``{url, name}``);
+    ``None`` when it has none (the schema refuses it)."""
+    if isinstance(entry, dict):
+        entry = entry.get("url")
+    return entry if isinstance(entry, str) else None
+
+
 def upstream_urls(raw: Any) -> Iterator[tuple[str, str]]:
     """Every replica URL and hosted ``api_base`` in a raw config, as (field path, URL)."""
     if not isinstance(raw, dict):
         return
     for i, pool in enumerate(raw.get("pools") or []):
         replicas = pool.get("replicas") if isinstance(pool, dict) else None
-        for j, url in enumerate(replicas if isinstance(replicas, list) else []):
-            if isinstance(url, str):
-                yield f"pools.{i}.replicas.{j}", url
+        for j, entry in enumerate(replicas if isinstance(replicas, list) else []):
+            url = replica_url(entry)
+            if url is not None:
+                yield f"pools.{i}.replicas.{j}" + ("" if isinstance(entry, str) else ".url"), url
     for i, hosted in enumerate(raw.get("hosted_models") or []):
         if isinstance(hosted, dict) and isinstance(hosted.get("api_base"), str):
             yield f"hosted_models.{i}.api_base", hosted["api_base"]
@@ -137,8 +146,8 @@ def secret_destinations(raw: Any, provider_of: Callable[[str], str | None]) -> I
                 yield path, entry["api_key"], f"simulated {entry.get('name')}"
             if section == "pools":
                 replicas = entry.get("replicas")
-                for url in replicas if isinstance(replicas, list) else []:
-                    yield path, entry["api_key"], origin(str(url))
+                for replica in replicas if isinstance(replicas, list) else []:
+                    yield path, entry["api_key"], origin(replica_url(replica) or str(replica))
                 discovered = discovery_destination(entry.get("discovery"))
                 if discovered is not None:
                     yield path, entry["api_key"], discovered

@@ -45,7 +45,7 @@ from spillgate.gateway.control.config_history import (
     redact,
     unredact,
 )
-from spillgate.gateway.control.egress import SecretBindings, env_references, startup_hosts
+from spillgate.gateway.control.egress import SecretBindings, env_references, replica_url, startup_hosts
 from spillgate.gateway.control.file_drift import drift, shared, undone_by
 from spillgate.gateway.control.history_store import LocalHistory, owner_of, secrets_name
 from spillgate.gateway.control.plain_data import non_json_problems
@@ -320,7 +320,7 @@ class LiveConfig:
             if not isinstance(pool, dict) or not pool.get("api_key") or self._rules.bindings.bound(pool["api_key"]):
                 continue
             before = running.get(pool.get("name")) or {}
-            added = set(map(str, pool.get("replicas") or [])) - set(map(str, before.get("replicas") or []))
+            added = _replica_urls(pool) - _replica_urls(before)
             if added or pool.get("discovery") != before.get("discovery"):
                 problems.append(
                     (
@@ -742,3 +742,9 @@ def _provider_of(model: str) -> str | None:
     from spillgate.backends.hosted.client import provider_of
 
     return provider_of(model)
+
+
+def _replica_urls(pool: dict[str, Any]) -> set[str]:
+    """The URLs of a raw pool's ``replicas``, however each is written (``url`` or ``{url, name}``)."""
+    replicas = pool.get("replicas")
+    return {replica_url(r) or str(r) for r in replicas} if isinstance(replicas, list) else set()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spillgate.gateway.control.egress import origin
+from spillgate.gateway.control.egress import origin, replica_url
 
 RawEdit = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -30,14 +30,21 @@ class ReplicaEditRefused(Exception):
         return self.message
 
 
-def add_replica(pool: str, url: str, discovered: Mapping[str, Collection[str]], simulated: Collection[str]) -> RawEdit:
-    """The edit adding ``url`` to ``pool``'s ``replicas``. ``discovered``: the URLs each pool's discovery found
-    now; ``simulated``: the simulated replicas' URLs (neither is in the config, but either may hold the address)."""
+def add_replica(
+    pool: str,
+    url: str,
+    discovered: Mapping[str, Collection[str]],
+    simulated: Collection[str],
+    name: str | None = None,
+) -> RawEdit:
+    """The edit adding ``url`` to ``pool``'s ``replicas`` (as ``{url, name}`` when ``name`` is given; the config's
+    checks refuse a name that is not one). ``discovered``: the URLs each pool's discovery found now;
+    ``simulated``: the simulated replicas' URLs (neither is in the config, but either may hold the address)."""
 
     def edit(raw: dict[str, Any]) -> dict[str, Any]:
         entry = _pool(raw, pool)
         where = origin(url)
-        if any(origin(str(u)) == where for u in entry.get("replicas") or []):
+        if any(_origin(u) == where for u in entry.get("replicas") or []):
             raise ReplicaEditRefused(409, f"{url} is already a replica of pool {pool!r}.", "replica_exists")
         if any(origin(u) == where for u in discovered.get(pool, ())):
             raise ReplicaEditRefused(
@@ -45,7 +52,7 @@ def add_replica(pool: str, url: str, discovered: Mapping[str, Collection[str]], 
             )
         if any(origin(u) == where for u in simulated):
             raise ReplicaEditRefused(409, f"{url} is a simulated replica this gateway started.", "replica_exists")
-        entry["replicas"] = [*(entry.get("replicas") or []), url]
+        entry["replicas"] = [*(entry.get("replicas") or []), url if name is None else {"url": url, "name": name}]
         return raw
 
     return edit
@@ -58,8 +65,8 @@ def remove_replica(pool: str, url: str, discovered: Mapping[str, Mapping[str, st
     def edit(raw: dict[str, Any]) -> dict[str, Any]:
         entry = _pool(raw, pool)
         where = origin(url)
-        replicas = [str(u) for u in entry.get("replicas") or []]
-        kept = [u for u in replicas if origin(u) != where]
+        replicas = list(entry.get("replicas") or [])
+        kept = [u for u in replicas if _origin(u) != where]
         if len(kept) == len(replicas):
             pod = next((p for u, p in discovered.get(pool, {}).items() if origin(u) == where), None)
             if pod is not None:
@@ -70,12 +77,23 @@ def remove_replica(pool: str, url: str, discovered: Mapping[str, Mapping[str, st
                     "replica_discovered",
                 )
             raise ReplicaEditRefused(
-                404, f"{url} is not a static replica of pool {pool!r}; its replicas: {replicas}.", "replica_not_found"
+                404,
+                f"{url} is not a static replica of pool {pool!r}; its replicas: {[_url(u) for u in replicas]}.",
+                "replica_not_found",
             )
         entry["replicas"] = kept
         return raw
 
     return edit
+
+
+def _url(entry: object) -> str:
+    """A raw ``replicas`` entry's URL (``url`` or ``{url, name}``)."""
+    return replica_url(entry) or str(entry)
+
+
+def _origin(entry: object) -> str:
+    return origin(_url(entry))
 
 
 def _pool(raw: dict[str, Any], pool: str) -> dict[str, Any]:

@@ -209,7 +209,8 @@ def conceal(message: str, backend: Backend) -> str:
     told "the backend", the log and the admin API say which."""
     address = backend.base_url.rstrip("/")
     parts = urlsplit(address)
-    for shown in (address, parts.netloc, parts.hostname, backend.name):
+    # Longest first: a replica's name holds its host:port (``pool/host:port``), which must go with it.
+    for shown in sorted((address, parts.netloc, parts.hostname or "", backend.name), key=len, reverse=True):
         if shown and shown in message:
             message = message.replace(shown, "the backend")
     return message

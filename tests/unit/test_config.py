@@ -170,4 +170,4 @@ def test_a_replica_url_that_does_not_parse_names_its_field(url: str, upstream_ho
 @pytest.mark.parametrize("url", ["http://10.0.0.1:30000", "https://[fd00::1]:8443/", "http://llama.internal"])
 def test_a_replica_url_with_a_host_and_port_is_taken(url: str) -> None:
     raw = {**MINIMAL, "pools": [{"name": "p", "served_model": "m", "replicas": [url]}]}
-    assert parse_config(raw).pools[0].replicas == [url]
+    assert [replica.url for replica in parse_config(raw).pools[0].replicas] == [url]

@@ -31,12 +31,12 @@ def test_discovered_replicas_join_their_pool_under_their_pod_names() -> None:
     }
     catalog = build_catalog(config, Endpoints({}, {}), {}, found)
     assert [(b.name, b.base_url, b.origin) for b in catalog.backends] == [
-        ("llama-0", "http://10.0.0.1:30000", "config"),
+        ("llama/10.0.0.1:30000", "http://10.0.0.1:30000", "config"),
         ("llama/pod-a", "http://10.0.0.2:30000", "discovered"),
         ("llama/pod-b", "http://10.0.0.3:30000", "discovered"),
     ]
     assert all(b.api_key == "sk-pool-key-123" and b.served_model == "m" for b in catalog.backends)
-    assert catalog.routes["chat"].targets == ("llama-0", "llama/pod-a", "llama/pod-b")
+    assert catalog.routes["chat"].targets == ("llama/10.0.0.1:30000", "llama/pod-a", "llama/pod-b")
     assert catalog.pool_prices[0].replicas == 3, "discovered replicas pay rent too"
     again = build_catalog(config, Endpoints({}, {}), {b.name: b for b in catalog.backends}, found)
     assert all(a is b for a, b in zip(again.backends, catalog.backends, strict=True)), "kept across versions"
@@ -45,7 +45,7 @@ def test_discovered_replicas_join_their_pool_under_their_pod_names() -> None:
 def test_a_pool_without_discovery_takes_none() -> None:
     config = parse_config(raw(discovery=None, replicas=["http://10.0.0.1:30000"]))
     catalog = build_catalog(config, Endpoints({}, {}), {}, {"llama": [DiscoveredReplica("a", "http://10.0.0.2:1")]})
-    assert [b.name for b in catalog.backends] == ["llama-0"]
+    assert [b.name for b in catalog.backends] == ["llama/10.0.0.1:30000"]
 
 
 def test_the_pool_key_is_bound_to_the_discovery_it_was_configured_with() -> None:
