@@ -8,11 +8,19 @@ tests compare names, types and presence, never those values.
 
     python -m tests.engines.capture [sglang] [vllm]     # needs python -m tests.engines.install first
     python -m tests.engines.capture --features [sglang] [vllm]   # only the client-feature fixtures
+    python -m tests.engines.capture --responses [sglang] [vllm]  # only the Responses API fixtures
 
 ``--features`` starts one server per engine with the recommended flags, an API key and a Llama tool-call parser
 (what a Llama deployment runs) and writes ``feature_*.json`` under ``recommended``:
 ``n``, tools with ``tool_choice`` required and named, ``logprobs``, ``response_format`` and ``stop``, whole and
 streamed.
+
+``--responses`` starts two servers per engine with the recommended flags and an API key, one as started plainly
+and one that keeps responses (SGLang ``--enable-response-store``, vLLM ``VLLM_ENABLE_RESPONSES_API_STORE=1``), and
+writes ``tests/fixtures/<engine>/responses/*.json``: ``/v1/responses`` whole and streamed, with ``instructions``,
+cut by ``max_output_tokens`` and ended by a stop string, a warm prefix, ``previous_response_id``, retrieval and
+cancelling, and the errors for unknown ids and models. A capture that names a stored response records
+``uses_id_of``: the capture whose answer's ``id`` it sends, so a replay can send its own.
 """
 
 from __future__ import annotations
@@ -63,20 +71,35 @@ class Recorder:
         self.headers = {"authorization": f"Bearer {key}"} if key else {}
         out.mkdir(parents=True, exist_ok=True)
 
-    def get(self, name: str, path: str, *, authorized: bool = True, timeout: float = 30.0) -> httpx.Response:
+    def get(
+        self,
+        name: str,
+        path: str,
+        *,
+        authorized: bool = True,
+        timeout: float = 30.0,
+        extra: dict[str, Any] | None = None,
+    ) -> httpx.Response:
         started = time.monotonic()
         response = httpx.get(self.server.url + path, headers=self.headers if authorized else {}, timeout=timeout)
-        self._write(name, "GET", path, None, response, time.monotonic() - started, authorized=authorized)
+        self._write(name, "GET", path, None, response, time.monotonic() - started, authorized=authorized, extra=extra)
         return response
 
     def post(
-        self, name: str, path: str, body: dict[str, Any], *, headers: dict[str, str] | None = None
+        self,
+        name: str,
+        path: str,
+        body: dict[str, Any] | None,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> httpx.Response:
         started = time.monotonic()
         sent = self.headers if headers is None else headers
         with httpx.stream("POST", self.server.url + path, json=body, headers=sent, timeout=120) as response:
             response.read()
-        self._write(name, "POST", path, body, response, time.monotonic() - started, authorized=headers is None)
+        seconds = time.monotonic() - started
+        self._write(name, "POST", path, body, response, seconds, authorized=headers is None, extra=extra)
         return response
 
     def _write(
@@ -89,10 +112,12 @@ class Recorder:
         seconds: float,
         *,
         authorized: bool,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         content_type = response.headers.get("content-type", "")
         record: dict[str, Any] = {
             **self.meta,
+            **(extra or {}),
             "request": {
                 "method": method,
                 "path": path,
@@ -110,6 +135,9 @@ class Recorder:
                 for line in text.splitlines()
                 if line.startswith("data: ")
             ]
+            names = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+            if names:  # the Responses API names each event as well
+                record["event_names"] = names
         else:
             try:
                 record["body"] = json.loads(text) if text else None
@@ -339,15 +367,101 @@ def _streamed(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "stream": True, "stream_options": {"include_usage": True}}
 
 
+RESPONSE_STORE: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "sglang": (("--enable-response-store",), {}),
+    "vllm": ((), {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}),
+}
+"""What makes each engine keep responses for ``previous_response_id`` and retrieval: SGLang a flag (it refuses both
+without it), vLLM an environment variable (without it ``store`` is silently ignored)."""
+RESPONSES = "/v1/responses"
+
+
+def response_body(text: str | list[dict[str, Any]], max_output_tokens: int | None = 8, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": SERVED_MODEL, "input": text, **extra}
+    if max_output_tokens is not None:
+        body["max_output_tokens"] = max_output_tokens
+    return body
+
+
+def _response_stop(recorder: Recorder, body: dict[str, Any]) -> str:
+    """Three characters from the middle of the greedy answer, so a stop string is certain to end it."""
+    answer = httpx.post(recorder.server.url + RESPONSES, json=body, headers=recorder.headers, timeout=120).json()
+    text = "".join(part.get("text", "") for item in answer.get("output", []) for part in item.get("content", []) or [])
+    middle = max(1, len(text) // 2)
+    return text[middle : middle + 3] if len(text) > 4 else text
+
+
+def _capture_responses_plain(recorder: Recorder) -> None:
+    """What an engine started without a response store answers."""
+    turns = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "first answer"}]
+    turns.append({"role": "user", "content": "second question"})
+    greedy = response_body("stop here", 16, temperature=0)
+    stop = _response_stop(recorder, greedy)
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("plain", response_body("hello there")),
+        ("instructions", response_body(turns, instructions="Answer briefly.")),
+        ("stopped", {**greedy, "stop": [stop]}),
+    ]
+    for name, body in cases:
+        recorder.post(name, RESPONSES, body)
+        recorder.post(f"{name}_stream", RESPONSES, {**body, "stream": True})
+    shared = prompt("shared", 200)
+    recorder.post("cold", RESPONSES, response_body(shared))
+    recorder.post("warm", RESPONSES, response_body(shared))
+    recorder.post("error_unknown_model", RESPONSES, {**response_body("hi"), "model": "no-such-model"})
+    recorder.post("error_no_input", RESPONSES, {"model": SERVED_MODEL})
+    recorder.post("previous_unknown", RESPONSES, response_body("hi", previous_response_id="resp_unknown"))
+    recorder.get("retrieve_unknown", f"{RESPONSES}/resp_unknown")
+
+
+def _capture_responses_stored(recorder: Recorder) -> None:
+    """What an engine that keeps responses answers: chaining, retrieval, cancelling."""
+    first = recorder.post("store_first", RESPONSES, response_body("remember this")).json()
+    ref = {"uses_id_of": "store_first"}
+    then = response_body("and then?", previous_response_id=first["id"])
+    recorder.post("store_chained", RESPONSES, then, extra=ref)
+    recorder.post("store_chained_stream", RESPONSES, {**then, "stream": True}, extra=ref)
+    recorder.get("store_retrieve", f"{RESPONSES}/{first['id']}", extra=ref)
+    recorder.post("store_cancel_done", f"{RESPONSES}/{first['id']}/cancel", None, extra=ref)
+    unkept = recorder.post("store_false", RESPONSES, response_body("forget this", store=False)).json()
+    recorder.get("store_false_retrieve", f"{RESPONSES}/{unkept['id']}", extra={"uses_id_of": "store_false"})
+    streamed = recorder.post("store_stream", RESPONSES, response_body("stream this", stream=True))
+    streamed_id = next(
+        json.loads(line[6:])["response"]["id"] for line in streamed.text.splitlines() if line.startswith("data: ")
+    )
+    recorder.get("store_stream_retrieve", f"{RESPONSES}/{streamed_id}", extra={"uses_id_of": "store_stream"})
+    recorder.post("store_previous_unknown", RESPONSES, response_body("hi", previous_response_id="resp_unknown"))
+    recorder.get("store_retrieve_unknown", f"{RESPONSES}/resp_unknown")
+    recorder.get("store_retrieve_bad_id", f"{RESPONSES}/unknown")
+
+
+def capture_responses(installed: Installed, engine: str, log_dir: Path) -> None:
+    out = FIXTURES / engine / "responses"
+    for stored in (False, True):
+        store_flags, env = RESPONSE_STORE[engine] if stored else ((), {})
+        flags = (*RECOMMENDED[engine], "--api-key", API_KEY, *store_flags)
+        server = start_engine(installed, engine, log_dir, *flags, env=env)
+        try:
+            recorder = Recorder(server, out, {"engine": engine, "flags": list(flags), "env": env}, API_KEY)
+            recorder.meta["version"] = _version(recorder, engine)
+            (_capture_responses_stored if stored else _capture_responses_plain)(recorder)
+        finally:
+            server.stop()
+
+
 def main(argv: list[str]) -> int:
-    features = "--features" in argv
-    engines = tuple(a for a in argv if a != "--features") or ENGINES
+    features, responses = "--features" in argv, "--responses" in argv
+    engines = tuple(a for a in argv if a not in ("--features", "--responses")) or ENGINES
     installed = ensure(engines)
     with tempfile.TemporaryDirectory(prefix="spillgate-capture-") as tmp:
         for engine in engines:
             if features:
                 print(f"capturing {engine} features", file=sys.stderr)
                 capture_features(installed, engine, Path(tmp))
+                continue
+            if responses:
+                print(f"capturing {engine} responses", file=sys.stderr)
+                capture_responses(installed, engine, Path(tmp))
                 continue
             for profile in ("defaults", "recommended"):
                 print(f"capturing {engine} {profile}", file=sys.stderr)
