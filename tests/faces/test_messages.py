@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from spillgate.backends.hosted.pricing import ANTHROPIC_CACHE_WRITE
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, pool_of, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 pytestmark = pytest.mark.filterwarnings("error")  # the SDK reads every answer without a warning
@@ -90,7 +90,7 @@ def client(gateway: RunningProcess) -> anthropic.Anthropic:
 def test_a_whole_message(client: anthropic.Anthropic, route: str) -> None:
     raw = client.messages.with_raw_response.create(model=route, max_tokens=7, messages=HELLO)
     message = raw.parse()
-    assert raw.headers["x-spillgate-backend"].startswith("pool-" if route == "chat" else "claude")
+    assert raw.headers["x-spillgate-backend"].startswith("pool/" if route == "chat" else "claude")
     assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
     assert message.model == route
     assert [block.type for block in message.content] == ["text"] and message.content[0].text.strip()
@@ -393,7 +393,7 @@ def test_blocks_a_replica_takes(client: anthropic.Anthropic) -> None:
     system = [{"type": "text", "text": "You describe pictures.", "cache_control": {"type": "ephemeral"}}]
     for route in ("chat", "mixed"):
         raw = client.messages.with_raw_response.create(model=route, max_tokens=3, system=system, messages=conversation)
-        assert raw.headers["x-spillgate-backend"] == "pool-0"
+        assert pool_of(raw.headers["x-spillgate-backend"]) == "pool"
         message = raw.parse()
         assert message.content[0].text and message.usage.output_tokens == 3
 

@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_process
 
 AUTH = {"authorization": f"Bearer {TENANT_KEY}"}
@@ -54,7 +54,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        words = f"replica crashy-0 at {address} (127.0.0.1:{port}) failed"
+        words = f"replica crashy/127.0.0.1:{port} at {address} (127.0.0.1:{port}) failed"
         status = 400 if body.get("max_tokens") == 400 else 500
         error = {"object": "error", "message": words, "type": "BadRequestError", "param": None, "code": status}
         self.answer(status, json.dumps(error).encode())
@@ -135,11 +135,11 @@ def test_sglang_metadata_keeps_only_what_fits_openai_schema(gateway: RunningProc
 # Paths without /v1 -----------------------------------------------------------------------------------------------
 
 
-def test_paths_without_v1_are_served_as_with_it(gateway: RunningProcess) -> None:
+def test_paths_without_v1_are_served_as_with_it(gateway: RunningProcess, replica: RunningProcess) -> None:
     bare = openai.OpenAI(base_url=gateway.url, api_key=TENANT_KEY, max_retries=0)
     raw = bare.chat.completions.with_raw_response.create(model="chat", messages=HELLO, max_tokens=4)
     assert raw.http_response.url.path == "/chat/completions"
-    assert raw.parse().usage.completion_tokens == 4 and raw.headers["x-spillgate-backend"] == "pool-0"
+    assert raw.parse().usage.completion_tokens == 4 and raw.headers["x-spillgate-backend"] == replica_name(replica)
     streamed = list(bare.chat.completions.create(model="chat", messages=HELLO, max_tokens=4, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices).strip()
     assert bare.completions.create(model="chat", prompt="Once upon a time", max_tokens=4).usage.completion_tokens == 4
@@ -235,13 +235,14 @@ def failing_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     config["outlier"] = {"consecutive_failures": 100}
     proc = start_gateway(config, log_dir)
     try:
-        wait_healthy(proc, {"crashy-0", "gone-0"})
+        names = [replica_name(crashy, "crashy"), replica_name(gone, "gone")]
+        wait_healthy(proc, set(names))
         gone.stop()
         hidden = []
         for replica in (crashy, gone):
             host_port = replica.url.split("://", 1)[1]
             hidden += [replica.url, host_port, host_port.rsplit(":", 1)[1]]
-        yield proc, [*hidden, "crashy-0", "gone-0", "127.0.0.1"]
+        yield proc, [*hidden, *names, "127.0.0.1"]
     finally:
         proc.stop()
         crashy.stop()

@@ -26,7 +26,7 @@ from tests.gateway.test_live_config import (
     put,
     serve,
 )
-from tests.support.gateway import TENANT_KEY, running_replicas, start_replica
+from tests.support.gateway import TENANT_KEY, pool_of, replica_name, running_replicas, start_replica
 from tests.support.procs import RunningProcess, free_port
 
 
@@ -34,6 +34,11 @@ from tests.support.procs import RunningProcess, free_port
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningProcess]]:
     """Two replicas of this module's own: ``blue`` and ``green`` in :func:`base_config`."""
     yield from running_replicas(tmp_path_factory.mktemp("truth-replicas"), 2, "--time-scale", "0.05")
+
+
+def both_in_blue(replicas: list[RunningProcess]) -> set[str]:
+    """The backends once the second replica has joined blue too: its name there and in green differ."""
+    return {replica_name(replicas[0], "blue"), replica_name(replicas[1], "blue"), replica_name(replicas[1], "green")}
 
 
 def health(gateway: RunningProcess) -> dict[str, Any]:
@@ -105,7 +110,7 @@ def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[Runn
         edited = current(proc)["config"]
         edited["pools"][0]["replicas"].append(replicas[1].url)  # a replica added through the API
         assert put(proc, edited).json()["version"] == 2
-        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+        assert set(health(proc)["backends"]) == both_in_blue(replicas)
         assert current(proc)["file"]["not_in_file"] == [f"pools.0.replicas.1: added {replicas[1].url!r}"]
         path.write_text(path.read_text() + "# a comment changes nothing\n")
         time.sleep(1.5)  # the file is polled every second
@@ -117,7 +122,7 @@ def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[Runn
         shown = current(proc)
         assert shown["version"] == 2, "the file was not applied"
         assert shown["file"]["not_applied"]["would_undo"] == ["pools.0.replicas.1"]
-        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}, "the API's replica stays"
+        assert set(health(proc)["backends"]) == both_in_blue(replicas), "the API's replica stays"
         [warning] = health(proc)["config_warnings"]
         assert "would undo 1 change(s)" in warning and "pools.0.replicas.1" in warning
         assert replicas[1].url not in warning, "/health needs no key: paths only, no values"
@@ -129,8 +134,8 @@ def test_an_api_edit_is_not_undone_by_an_unrelated_file_save(replicas: list[Runn
         eventually(lambda: current(proc)["version"] == 3)
         shown = current(proc)
         assert shown["file"]["in_sync"] and shown["warnings"] == [] and health(proc)["config_warnings"] == []
-        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
-        assert backend_of(proc, "assistant").startswith("blue-")
+        assert set(health(proc)["backends"]) == both_in_blue(replicas)
+        assert pool_of(backend_of(proc, "assistant")) == "blue"
 
 
 def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp_path: Path) -> None:
@@ -142,7 +147,7 @@ def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp
         config["routes"][0]["aliases"] = ["assistant"]
         save(path, config)
         eventually(lambda: bool(current(proc)["warnings"]))
-        assert backend_of(proc) == "green-0"
+        assert pool_of(backend_of(proc)) == "green"
 
         assert httpx.post(proc.url + "/admin/config/reload", headers=TENANT).status_code == 403
         reloaded = httpx.post(proc.url + "/admin/config/reload", headers=ADMIN, timeout=30)
@@ -152,7 +157,7 @@ def test_the_file_wins_when_an_admin_says_so(replicas: list[RunningProcess], tmp
             "routes.0.targets.0: 'green' -> 'blue'",
             "routes.0.aliases.0: added 'assistant'",
         }, "the undone edit is in the version's diff"
-        assert backend_of(proc, "assistant") == "blue-0"
+        assert pool_of(backend_of(proc, "assistant")) == "blue"
         shown = current(proc)
         assert shown["file"]["in_sync"] and shown["warnings"] == []
         assert warning_lines(proc, "config version 3 applied from the config file")
@@ -175,7 +180,7 @@ def test_an_accepted_api_edit_survives_restarts(replicas: list[RunningProcess], 
             shown = current(proc)
             assert shown["version"] == 2, "the edit the file lacks keeps running"
             assert shown["config"]["pools"][0]["replicas"] == [replicas[0].url, replicas[1].url]
-            assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
+            assert set(health(proc)["backends"]) == both_in_blue(replicas)
             assert shown["file"]["not_applied"]["would_undo"] == ["pools.0.replicas.1"]
             assert "would undo 1 change(s)" in health(proc)["config_warnings"][0]
             assert warning_lines(proc, "would undo 1 change(s)")
@@ -185,8 +190,8 @@ def test_an_accepted_api_edit_survives_restarts(replicas: list[RunningProcess], 
     with serving(path, tmp_path, port) as proc:
         shown = current(proc)
         assert shown["version"] == 3 and shown["file"]["in_sync"] and shown["warnings"] == []
-        assert set(health(proc)["backends"]) == {"blue-0", "blue-1", "green-0"}
-        assert backend_of(proc, "assistant").startswith("blue-")
+        assert set(health(proc)["backends"]) == both_in_blue(replicas)
+        assert pool_of(backend_of(proc, "assistant")) == "blue"
         assert warning_lines(proc, "config version 3 applied from the config file")
 
 
@@ -199,7 +204,7 @@ def test_two_configs_in_one_data_directory_keep_separate_histories(
         history = config_history(proc)
         assert [v["version"] for v in history["versions"]] == [1] and history["current"] == 1
         assert history["history"]["config"] == str(two)
-        assert backend_of(proc) == "green-0" and current(proc)["config"]["routes"][0]["policy"] == "least_load"
+        assert pool_of(backend_of(proc)) == "green" and current(proc)["config"]["routes"][0]["policy"] == "least_load"
     with serving(one, tmp_path) as proc:
         history = config_history(proc)
         assert [v["version"] for v in history["versions"]] == [1, 2], "its own versions, the edit included"
@@ -224,7 +229,7 @@ def test_a_history_from_before_owners_is_adopted_only_by_its_config(
     own.unlink()
 
     with serving(two, tmp_path) as proc:  # another config's versions: left alone
-        assert current(proc)["version"] == 1 and backend_of(proc) == "green-0"
+        assert current(proc)["version"] == 1 and pool_of(backend_of(proc)) == "green"
         assert legacy.exists()
     with serving(one, tmp_path) as proc:  # the config the history last saw: adopted, its edit kept
         shown = current(proc)
@@ -275,7 +280,7 @@ def test_a_refused_edit_lists_the_problems_of_every_check(replicas: list[Running
         problems = {p["path"]: p["message"] for p in put(proc, config).json()["problems"]}
         assert set(problems) == {"pools.1.replicas.0", "tenants.0.routes.1"}, problems
         assert problems["tenants.0.routes.1"] == "tenant 'tenant-a' names unknown route 'nope'"
-        assert backend_of(proc) == "blue-0"
+        assert pool_of(backend_of(proc)) == "blue"
 
 
 def test_config_changes_are_logged_at_the_default_level_without_secrets(
@@ -325,7 +330,7 @@ def test_a_key_sent_through_the_api_survives_a_restart(replicas: list[RunningPro
             edited["pools"].append(pool)
             edited["routes"].append({"name": "keyed", "targets": ["keyed"]})
             assert put(proc, edited).status_code == 200
-            assert backend_of(proc, "keyed") == "keyed-0"
+            assert backend_of(proc, "keyed") == replica_name(keyed, "keyed")
         [history] = data.glob("config-history.*.jsonl")
         [secrets] = data.glob("config-secrets.*.json")
         assert key not in history.read_text(), "versions are stored without secrets"
@@ -333,7 +338,7 @@ def test_a_key_sent_through_the_api_survives_a_restart(replicas: list[RunningPro
 
         with serving(path, tmp_path, port) as proc:
             assert current(proc)["version"] == 2 and current(proc)["warnings"] == []
-            assert backend_of(proc, "keyed") == "keyed-0", "the replica still gets the key"
+            assert backend_of(proc, "keyed") == replica_name(keyed, "keyed"), "the replica still gets the key"
 
         secrets.unlink()  # the key is gone: the version cannot run, and the file runs instead, loudly
         with serving(path, tmp_path, port) as proc:

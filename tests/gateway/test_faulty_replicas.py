@@ -11,7 +11,14 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_lying_replica, start_replica
+from tests.support.gateway import (
+    TENANT_KEY,
+    gateway_config,
+    replica_name,
+    start_gateway,
+    start_lying_replica,
+    start_replica,
+)
 from tests.support.procs import RunningProcess
 
 AUTH = {"authorization": f"Bearer {TENANT_KEY}"}
@@ -21,12 +28,25 @@ REPLICA_KEY = "replica-SECRET-77"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunningProcess]]:
+    """A sound replica (``good``) and a lying one per mode."""
+    log_dir = tmp_path_factory.mktemp("faulty-upstreams")
+    started = {"good": start_replica(log_dir, "--time-scale", "0.02")}
+    try:
+        for mode in ("garbage", "broken_midstream", "hang", "echo_key"):
+            started[mode] = start_lying_replica(log_dir, mode)
+        yield started
+    finally:
+        for proc in started.values():
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstreams: dict[str, RunningProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     log_dir = tmp_path_factory.mktemp("faulty-replicas")
-    good = start_replica(log_dir, "--time-scale", "0.02")
-    liars = {mode: start_lying_replica(log_dir, mode) for mode in ("garbage", "broken_midstream", "hang", "echo_key")}
+    good, liars = upstreams["good"], upstreams
     pools = {
-        "mixed": [liars["garbage"].url, good.url],  # mixed-0 lies, mixed-1 is sound
+        "mixed": [liars["garbage"].url, good.url],  # the first lies, the second is sound
         "hung": [liars["hang"].url, good.url],
         "solo": [liars["garbage"].url],
         "midstream": [liars["broken_midstream"].url],
@@ -40,13 +60,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess
     config["timeouts"] = {"connect_s": 1, "read_s": 1}  # the hung replica is given up on after a second
     config["outlier"] = {"consecutive_failures": THRESHOLD, "base_ejection_s": 120, "retry_backoff_s": 0.01}
     proc = start_gateway(config, log_dir)
-    try:
-        yield proc
-    finally:
-        proc.stop()
-        for liar in liars.values():
-            liar.stop()
-        good.stop()
+    yield proc
+    proc.stop()
 
 
 def client(gateway: RunningProcess) -> openai.OpenAI:
@@ -70,31 +85,34 @@ def post(gateway: RunningProcess, route: str, *, stream: bool = False) -> httpx.
 
 
 def test_a_replica_answering_garbage_falls_back_and_is_ejected_while_its_probe_passes(
-    gateway: RunningProcess,
+    gateway: RunningProcess, upstreams: dict[str, RunningProcess]
 ) -> None:
-    assert replica_health(gateway, "mixed-0")["healthy"], "the liar passes its probes"
+    liar, sound = replica_name(upstreams["garbage"], "mixed"), replica_name(upstreams["good"], "mixed")
+    assert replica_health(gateway, liar)["healthy"], "the liar passes its probes"
     fallbacks = 0
     for i in range(12):
         response = post(gateway, "mixed", stream=i % 2 == 1)
         assert response.status_code == 200, response.text
-        assert response.headers["x-spillgate-backend"] == "mixed-1", "garbage is never relayed as an answer"
+        assert response.headers["x-spillgate-backend"] == sound, "garbage is never relayed as an answer"
         fallbacks += response.headers["x-spillgate-reason"] == "fallback"
         if i % 2:
             assert "not json" not in response.text and "data: [DONE]" in response.text
         else:
             assert response.json()["choices"]
     assert 1 <= fallbacks <= THRESHOLD, "after the threshold the liar is out of rotation: no more fallbacks"
-    health = replica_health(gateway, "mixed-0")
+    health = replica_health(gateway, liar)
     assert health["outlier"]["state"] == "ejected" and health["outlier"]["ejected"]
     assert not health["healthy"] and health["outlier"]["ejected_for_s"] > 60
     assert "invalid response" in health["outlier"]["last_failure"]
-    assert replica_health(gateway, "mixed-1")["outlier"]["state"] == "closed"
-    assert ejections(gateway, "mixed-0") == 1
-    assert "mixed-0" in gateway.log() and "ejected" in gateway.log(), "the operator learns which replica and why"
+    assert replica_health(gateway, sound)["outlier"]["state"] == "closed"
+    assert ejections(gateway, liar) == 1
+    assert liar in gateway.log() and "ejected" in gateway.log(), "the operator learns which replica and why"
 
 
-def test_a_replica_that_hangs_before_its_first_byte_is_fallen_back_from_and_ejected(gateway: RunningProcess) -> None:
-    sdk = client(gateway)
+def test_a_replica_that_hangs_before_its_first_byte_is_fallen_back_from_and_ejected(
+    gateway: RunningProcess, upstreams: dict[str, RunningProcess]
+) -> None:
+    sdk, hung = client(gateway), replica_name(upstreams["hang"], "hung")
     for i in range(THRESHOLD + 3):
         if i % 2:
             chunks = sdk.chat.completions.create(model="hung", messages=HELLO, max_tokens=2, stream=True)
@@ -102,49 +120,56 @@ def test_a_replica_that_hangs_before_its_first_byte_is_fallen_back_from_and_ejec
         else:
             answer = sdk.chat.completions.create(model="hung", messages=HELLO, max_tokens=2)
             assert answer.choices[0].message.content
-    health = replica_health(gateway, "hung-0")
+    health = replica_health(gateway, hung)
     assert health["outlier"]["state"] == "ejected"
     assert "timeout" in health["outlier"]["last_failure"]
-    assert ejections(gateway, "hung-0") == 1
+    assert ejections(gateway, hung) == 1
 
 
-def test_an_invalid_answer_with_nowhere_else_to_go_is_a_502_never_a_200(gateway: RunningProcess) -> None:
-    sdk = client(gateway)
+def test_an_invalid_answer_with_nowhere_else_to_go_is_a_502_never_a_200(
+    gateway: RunningProcess, upstreams: dict[str, RunningProcess]
+) -> None:
+    sdk, solo = client(gateway), replica_name(upstreams["garbage"], "solo")
     for _ in range(THRESHOLD + 1):
         with pytest.raises(openai.InternalServerError) as whole:
             sdk.chat.completions.create(model="solo", messages=HELLO, max_tokens=2)
         assert whole.value.status_code == 502
         assert whole.value.body["code"] == "backend_invalid_response"
-        assert "solo-0" not in whole.value.message and "upstream says hi" not in whole.value.message
+        assert solo not in whole.value.message and "upstream says hi" not in whole.value.message
         # A stream that is broken from its first event: nothing was sent yet, so a 502 too, not a 200.
         response = post(gateway, "solo", stream=True)
         assert response.status_code == 502 and response.headers["content-type"].startswith("application/json")
         assert response.json()["error"]["code"] == "backend_invalid_response"
     # A pool's only replica is not ejected (there is nowhere else to send its requests), but it is recorded.
-    health = replica_health(gateway, "solo-0")
+    health = replica_health(gateway, solo)
     assert health["outlier"]["state"] == "closed" and health["outlier"]["consecutive_failures"] > THRESHOLD
-    assert "solo-0" in gateway.log() and "invalid response" in gateway.log()
+    assert solo in gateway.log() and "invalid response" in gateway.log()
 
 
-def test_an_invalid_event_mid_stream_ends_the_stream_with_an_error_event(gateway: RunningProcess) -> None:
+def test_an_invalid_event_mid_stream_ends_the_stream_with_an_error_event(
+    gateway: RunningProcess, upstreams: dict[str, RunningProcess]
+) -> None:
     response = post(gateway, "midstream", stream=True)
     assert response.status_code == 200
     events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
     assert '"content":"ok"' in events[0]
     assert events[-1].startswith('{"error":') and "backend_invalid_response" in events[-1]
     assert "not json" not in response.text and "[DONE]" not in response.text
-    assert "midstream-0" not in response.text
+    assert replica_name(upstreams["broken_midstream"], "midstream") not in response.text
     with pytest.raises(openai.APIError):
         list(client(gateway).chat.completions.create(model="midstream", messages=HELLO, max_tokens=2, stream=True))
 
 
-def test_a_replica_refusal_reaches_the_tenant_without_secrets_or_replica_names(gateway: RunningProcess) -> None:
+def test_a_replica_refusal_reaches_the_tenant_without_secrets_or_replica_names(
+    gateway: RunningProcess, upstreams: dict[str, RunningProcess]
+) -> None:
+    keyed = replica_name(upstreams["echo_key"], "keyed")
     with pytest.raises(openai.BadRequestError) as refused:
         client(gateway).chat.completions.create(model="keyed", messages=HELLO, max_tokens=2)
     message = refused.value.body["message"]
     assert message.startswith("bad request; your key was"), "the engine's reason is kept"
     assert REPLICA_KEY not in message and "[redacted]" in message
-    assert "keyed-0" not in message and "pool" not in message
+    assert keyed not in message and "pool" not in message
     raw = post(gateway, "keyed")
-    assert raw.status_code == 400 and REPLICA_KEY not in raw.text and "keyed-0" not in raw.text
-    assert replica_health(gateway, "keyed-0")["outlier"]["consecutive_failures"] == 0, "a refusal is an answer"
+    assert raw.status_code == 400 and REPLICA_KEY not in raw.text and keyed not in raw.text
+    assert replica_health(gateway, keyed)["outlier"]["consecutive_failures"] == 0, "a refusal is an answer"

@@ -154,9 +154,9 @@ def test_dedicated_tenant_has_its_replicas_to_itself(gateway: RunningProcess) ->
     observations = probe(gateway, "dedicated-a", "shared-b")
     assert_unobservable(observations)
     for _ in range(4):
-        assert send(gateway, "dedicated-a", prefix())[2] == "private-0"
-        assert send(gateway, "shared-b", prefix())[2] == "pool-0"
-        assert send(gateway, "salted-b", prefix())[2] == "pool-0"
+        assert send(gateway, "dedicated-a", prefix())[2].startswith("private/")
+        assert send(gateway, "shared-b", prefix())[2].startswith("pool/")
+        assert send(gateway, "salted-b", prefix())[2].startswith("pool/")
 
 
 def test_dedicated_prober_learns_nothing(gateway: RunningProcess) -> None:

@@ -20,7 +20,7 @@ from spillgate.backends.kv_subscriber import KvEventSource, KvSubscriber
 from spillgate.backends.sim.prompt_encoder import SimulatedPromptIds
 from spillgate.cache.fingerprint import cache_seed, token_block_hashes
 from spillgate.gateway.dispatch.prefix import PrefixTracker
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port
 
 BLOCK = 64
@@ -111,7 +111,8 @@ def test_predicted_cached_tokens_match_the_replicas_reports_through_evictions(wo
     unused = [b["prefix"]["predictions"].get("belief_unused", {}) for b in replica_health(gateway).values()]
     assert sum(sum(counts.values()) for counts in unused) == total, "the belief's figure on the same requests"
     scraped = httpx.get(gateway.url + "/metrics").text
-    assert 'spillgate_prefix_predictions{backend="pool-0",outcome="exact",source="events"}' in scraped
+    first = replica_name(world.replicas[0])
+    assert f'spillgate_prefix_predictions{{backend="{first}",outcome="exact",source="events"}}' in scraped
 
 
 def test_a_chat_ending_with_a_long_assistant_message_is_predicted_exactly(world: World) -> None:

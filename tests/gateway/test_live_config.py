@@ -16,7 +16,7 @@ import pytest
 import redis
 import yaml
 
-from tests.support.gateway import TENANT_KEY, running_replicas
+from tests.support.gateway import TENANT_KEY, pool_of, replica_name, running_replicas
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 ADMIN_KEY = "sk-test-admin"
@@ -127,7 +127,7 @@ def test_invalid_edit_changes_nothing_and_lists_every_problem(gateway: tuple[Run
         {"path": "routes.0.targets.1", "message": "unknown target 'purple'; known: ['blue', 'green']"}
     ]
     assert current(proc) == before
-    assert backend_of(proc) == "blue-0"
+    assert pool_of(backend_of(proc)) == "blue"
     restart_only = before["config"] | {"listen": {"port": 1}}
     problems = put(proc, restart_only).json()["problems"]
     assert problems[0]["path"] == "listen" and "restart" in problems[0]["message"]
@@ -163,21 +163,21 @@ def test_an_edit_may_not_drop_the_admin_key_it_was_made_with(gateway: tuple[Runn
 
 def test_valid_edit_routes_the_next_request_then_rolls_back(gateway: tuple[RunningProcess, Path]) -> None:
     proc, _ = gateway
-    assert backend_of(proc) == "blue-0"
+    assert pool_of(backend_of(proc)) == "blue"
     config = current(proc)["config"]
     config["routes"][0]["targets"] = ["green"]
     response = put(proc, config)
     assert response.status_code == 200, response.text
     assert response.json()["version"] == 2
     assert response.json()["diff"] == ["routes.0.targets.0: 'blue' -> 'green'"]
-    assert backend_of(proc) == "green-0"
+    assert pool_of(backend_of(proc)) == "green"
     history = httpx.get(proc.url + "/admin/config/history", headers=ADMIN).json()
     assert [v["version"] for v in history["versions"]] == [1, 2]
     assert history["versions"][1]["author"].startswith("admin:")
     assert history["versions"][1]["diff"] == ["routes.0.targets.0: 'blue' -> 'green'"]
     rolled = httpx.post(proc.url + "/admin/config/rollback/1", headers=ADMIN)
     assert rolled.status_code == 200 and rolled.json()["version"] == 3
-    assert backend_of(proc) == "blue-0"
+    assert pool_of(backend_of(proc)) == "blue"
     assert httpx.post(proc.url + "/admin/config/rollback/99", headers=ADMIN).status_code == 404
 
 
@@ -196,7 +196,7 @@ def test_an_edit_made_on_an_older_version_is_refused_when_it_names_its_base(
     assert stale.status_code == 412, stale.text
     assert stale.json()["error"]["code"] == "config_version_mismatch"
     assert "version 2 runs now" in stale.json()["error"]["message"]
-    assert current(proc)["version"] == 2 and backend_of(proc) == "green-0"
+    assert current(proc)["version"] == 2 and pool_of(backend_of(proc)) == "green"
     garbled = httpx.put(proc.url + "/admin/config", json=mine, headers={**ADMIN, "if-match": "yesterday"})
     assert garbled.status_code == 400 and garbled.json()["error"]["param"] == "If-Match"
     assert current(proc)["version"] == 2
@@ -216,7 +216,7 @@ def test_a_live_edit_tunes_the_affinity_guard_of_a_cache_aware_route(gateway: tu
     assert accepted.status_code == 200, accepted.text
     assert any(line.startswith("routes.0.affinity") for line in accepted.json()["diff"]), accepted.json()["diff"]
     assert current(proc)["config"]["routes"][0]["affinity"]["max_slowdown"] == 3
-    assert backend_of(proc) == "blue-0", "the edited route still serves"
+    assert pool_of(backend_of(proc)) == "blue", "the edited route still serves"
 
 
 def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
@@ -225,6 +225,7 @@ def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
     proc, _ = gateway
     config = current(proc)["config"]
     config["routes"][0]["policy"] = "cache_aware"
+    config["pools"][0]["replicas"] = [{"url": replicas[0].url, "name": "main"}]  # named: blue/main
     assert put(proc, config).status_code == 200
     prompt = f"{time.time_ns()} " + "a long shared document, " * 120
 
@@ -236,29 +237,30 @@ def test_a_replica_name_moved_to_another_address_starts_with_no_cached_prefix(
             timeout=30,
         )
         assert response.status_code == 200, response.text
-        assert response.headers["x-spillgate-backend"] == "blue-0"
+        assert response.headers["x-spillgate-backend"] == "blue/main"
         return response.headers["x-spillgate-reason"]
 
     reason()
-    assert reason() == "prefix_hit", "the index knows what blue-0 holds"
-    config["pools"][0]["replicas"] = [replicas[1].url]  # blue-0 is now another server, with an empty cache
+    assert reason() == "prefix_hit", "the index knows what blue/main holds"
+    config["pools"][0]["replicas"] = [{"url": replicas[1].url, "name": "main"}]  # another server, its cache empty
     assert put(proc, config).status_code == 200
-    assert reason() != "prefix_hit", "what the old blue-0 held must not be predicted for the new one"
+    assert reason() != "prefix_hit", "what the old blue/main held must not be predicted for the new one"
     assert reason() == "prefix_hit"
 
 
 def test_a_backend_removed_by_an_edit_leaves_the_health_report_and_the_gauges(
-    gateway: tuple[RunningProcess, Path],
+    gateway: tuple[RunningProcess, Path], replicas: list[RunningProcess]
 ) -> None:
     proc, _ = gateway
-    assert 'spillgate_backend_healthy{backend="green-0"} 1.0' in httpx.get(proc.url + "/metrics").text
+    blue, green = replica_name(replicas[0], "blue"), replica_name(replicas[1], "green")
+    assert f'spillgate_backend_healthy{{backend="{green}"}} 1.0' in httpx.get(proc.url + "/metrics").text
     config = current(proc)["config"]
     config["pools"] = [pool for pool in config["pools"] if pool["name"] != "green"]
     assert put(proc, config).status_code == 200
-    assert set(httpx.get(proc.url + "/health").json()["backends"]) == {"blue-0"}
+    assert set(httpx.get(proc.url + "/health").json()["backends"]) == {blue}
     metrics = httpx.get(proc.url + "/metrics").text
-    assert 'spillgate_backend_healthy{backend="blue-0"} 1.0' in metrics
-    assert [line for line in metrics.splitlines() if line.startswith("spillgate_backend_") and "green-0" in line] == []
+    assert f'spillgate_backend_healthy{{backend="{blue}"}} 1.0' in metrics
+    assert [line for line in metrics.splitlines() if line.startswith("spillgate_backend_") and green in line] == []
 
 
 def test_in_flight_requests_finish_under_the_old_version(gateway: tuple[RunningProcess, Path]) -> None:
@@ -285,7 +287,7 @@ def test_in_flight_requests_finish_under_the_old_version(gateway: tuple[RunningP
         headers=TENANT,
     )
     assert gone.status_code == 404
-    assert backend_of(proc, "renamed") == "blue-0"
+    assert pool_of(backend_of(proc, "renamed")) == "blue"
 
 
 def test_file_edits_apply_live_and_api_edits_survive_a_restart(replicas: list[RunningProcess], tmp_path: Path) -> None:
@@ -298,11 +300,11 @@ def test_file_edits_apply_live_and_api_edits_survive_a_restart(replicas: list[Ru
         config["routes"][0]["targets"] = ["green"]
         path.write_text(yaml.safe_dump(config))
         eventually(lambda: current(proc)["version"] == 2)
-        assert backend_of(proc) == "green-0"
+        assert pool_of(backend_of(proc)) == "green"
         assert current(proc)["config"]["routes"][0]["targets"] == ["green"]
         path.write_text("routes: [this is: not valid")  # refused: the running version stays
         time.sleep(1.5)
-        assert current(proc)["version"] == 2 and backend_of(proc) == "green-0"
+        assert current(proc)["version"] == 2 and pool_of(backend_of(proc)) == "green"
         path.write_text(yaml.safe_dump(config))
         edited = current(proc)["config"]
         edited["routes"][0]["policy"] = "round_robin"
@@ -335,14 +337,14 @@ def test_every_process_applies_the_same_version_through_redis(
         eventually(lambda: current(two)["version"] == version, timeout=5)
         shared = str(redis.Redis.from_url(redis_url).hgetall(f"{state['key_prefix']}:config:versions"))
         assert "routes" in shared and TENANT_KEY not in shared and ADMIN_KEY not in shared, "shared without secrets"
-        assert backend_of(two) == "green-0"
+        assert pool_of(backend_of(two)) == "green"
         # Versions are numbered fleet-wide: an edit on the other process comes next. Start-up settings
         # (here each process's own data directory) may be left out of an edit.
         del config["state"]
         config["routes"][0]["targets"] = ["blue"]
         assert put(two, config).json()["version"] == version + 1
         eventually(lambda: current(one)["version"] == version + 1, timeout=5)
-        assert backend_of(one) == "blue-0"
+        assert pool_of(backend_of(one)) == "blue"
         # Redis comes back empty: the next edit still numbers past every version seen, so the other
         # process takes it rather than ignoring a version 1.
         store = redis.Redis.from_url(redis_url)
@@ -350,7 +352,7 @@ def test_every_process_applies_the_same_version_through_redis(
         config["routes"][0]["targets"] = ["green"]
         assert put(one, config).json()["version"] == version + 2
         eventually(lambda: current(two)["version"] == version + 2, timeout=5)
-        assert backend_of(two) == "green-0"
+        assert pool_of(backend_of(two)) == "green"
     finally:
         for proc in gateways:
             proc.stop()
@@ -430,7 +432,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once(gateway: tuple[RunningProcess, Pat
         timeout=30,
     )
     assert response.status_code == 400 and "aliases" in response.json()["error"]["message"]
-    assert backend_of(proc) == "blue-0"  # and the gateway still serves
+    assert pool_of(backend_of(proc)) == "blue"  # and the gateway still serves
 
 
 @pytest.mark.parametrize(
@@ -458,4 +460,4 @@ def test_yaml_beyond_json_is_refused_by_its_path(gateway: tuple[RunningProcess, 
     )
     assert response.status_code == 422, response.text
     assert [p["path"] for p in response.json()["problems"]] == [path]
-    assert backend_of(proc) == "blue-0"
+    assert pool_of(backend_of(proc)) == "blue"

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import OTHER_KEY, TENANT_KEY
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, replica_name
 from tests.support.procs import RunningProcess
 
 MESSAGES = [
@@ -30,7 +30,7 @@ def test_non_streaming_chat_returns_usage_and_routing_headers(client: openai.Ope
     assert completion.usage.prompt_tokens > 10
     assert completion.usage.prompt_tokens_details is not None
     assert completion.usage.prompt_tokens_details.cached_tokens is not None
-    assert raw.headers["x-spillgate-backend"].startswith("pool-")
+    assert raw.headers["x-spillgate-backend"].startswith("pool/")
     assert raw.headers["x-spillgate-reason"] == "least_load"
     assert len(raw.headers["x-request-id"]) >= 16
 
@@ -39,7 +39,7 @@ def test_streaming_chat_relays_chunks_and_headers(client: openai.OpenAI) -> None
     with client.chat.completions.with_streaming_response.create(
         model="chat", messages=MESSAGES, max_tokens=20, stream=True
     ) as response:
-        assert response.headers["x-spillgate-backend"].startswith("pool-")
+        assert response.headers["x-spillgate-backend"].startswith("pool/")
         assert response.headers["x-spillgate-reason"] == "least_load"
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks = list(response.parse())
@@ -106,7 +106,7 @@ def test_round_robin_spreads_evenly(client: openai.OpenAI, replicas: list[Runnin
         ]
         for _ in range(3 * len(replicas))
     ]
-    assert sorted(set(backends)) == [f"pool-{i}" for i in range(len(replicas))]
+    assert sorted(set(backends)) == sorted(replica_name(replica) for replica in replicas)
     assert all(backends.count(b) == 3 for b in set(backends))
 
 

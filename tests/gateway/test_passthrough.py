@@ -15,21 +15,25 @@ import pytest
 
 from spillgate.backends.sim import timing
 from spillgate.backends.sim.presets import get_preset
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 
 LONG_SYSTEM = "You answer questions about the shipping manual. " * 60
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+def single_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    replica = start_replica(tmp_path_factory.mktemp("single-replica"), "--time-scale", "0.02")
+    yield replica
+    replica.stop()
+
+
+@pytest.fixture(scope="module")
+def single(single_replica: RunningProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     """A gateway over one replica, so that cache effects are not spread by routing."""
-    log_dir: Path = tmp_path_factory.mktemp("single")
-    replica = start_replica(log_dir, "--time-scale", "0.02")
-    gateway = start_gateway(gateway_config([replica.url]), log_dir)
+    gateway = start_gateway(gateway_config([single_replica.url]), tmp_path_factory.mktemp("single"))
     yield gateway
     gateway.stop()
-    replica.stop()
 
 
 def cached_tokens(client: openai.OpenAI, question: str, salt: str | None) -> int:
@@ -51,7 +55,8 @@ def test_cache_salt_reaches_the_replica(single: RunningProcess) -> None:
     assert cached_tokens(client, "Where is my parcel?", "team-blue") == 0, "another salt shares nothing"
 
 
-def test_latencies_are_measured_per_backend(single: RunningProcess) -> None:
+def test_latencies_are_measured_per_backend(single: RunningProcess, single_replica: RunningProcess) -> None:
+    backend = replica_name(single_replica)
     client = openai.OpenAI(base_url=single.url + "/v1", api_key=TENANT_KEY, max_retries=0)
     list(
         client.chat.completions.create(
@@ -60,14 +65,14 @@ def test_latencies_are_measured_per_backend(single: RunningProcess) -> None:
     )
     metrics = httpx.get(single.url + "/metrics").text
     for name in ("spillgate_ttft_seconds_count", "spillgate_tpot_seconds_count", "spillgate_e2e_seconds_count"):
-        line = next(line for line in metrics.splitlines() if line.startswith(name + '{backend="pool-0"}'))
+        line = next(line for line in metrics.splitlines() if line.startswith(name + f'{{backend="{backend}"}}'))
         assert float(line.rsplit(" ", 1)[1]) >= 1
-    assert 'spillgate_requests_total{backend="pool-0",outcome="ok",reason="least_load",route="chat"}' in metrics
-    assert 'spillgate_prompt_tokens_total{backend="pool-0",kind="prompt"}' in metrics
-    assert 'spillgate_prompt_tokens_total{backend="pool-0",kind="cached"}' in metrics
+    assert f'spillgate_requests_total{{backend="{backend}",outcome="ok",reason="least_load",route="chat"}}' in metrics
+    assert f'spillgate_prompt_tokens_total{{backend="{backend}",kind="prompt"}}' in metrics
+    assert f'spillgate_prompt_tokens_total{{backend="{backend}",kind="cached"}}' in metrics
 
 
-def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess) -> None:
+def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess, single_replica: RunningProcess) -> None:
     """The replica runs 50x faster than real time; the gateway must find that out by itself."""
     client = openai.OpenAI(base_url=single.url + "/v1", api_key=TENANT_KEY, max_retries=0)
     for n in range(12):
@@ -77,7 +82,7 @@ def test_prefill_rate_is_learned_from_observed_ttfts(single: RunningProcess) -> 
                 model="chat", messages=[{"role": "user", "content": prompt}], max_tokens=2, stream=True
             )
         )
-    learned = httpx.get(single.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+    learned = httpx.get(single.url + "/health").json()["backends"][replica_name(single_replica)]["prefill_tokens_per_s"]
     assert learned > 100_000, f"still near the 20,000 tokens/s prior: {learned}"
 
 
@@ -97,7 +102,7 @@ def test_prefill_rate_is_learned_while_the_replica_is_never_idle(tmp_path: Path)
 
         with ThreadPoolExecutor(max_workers=6) as pool:
             list(pool.map(ask, range(36)))
-        learned = httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
+        learned = httpx.get(gateway.url + "/health").json()["backends"][replica_name(replica)]["prefill_tokens_per_s"]
         assert learned > 100_000, f"still near the 20,000 tokens/s prior: {learned}"
     finally:
         gateway.stop()
@@ -126,8 +131,8 @@ def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_pa
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             prompt_tokens = list(pool.map(ask, prompts))
-        learned = httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["prefill_tokens_per_s"]
-        ratios = prediction_ratios(httpx.get(gateway.url + "/metrics").text)
+        learned = httpx.get(gateway.url + "/health").json()["backends"][replica_name(replica)]["prefill_tokens_per_s"]
+        ratios = prediction_ratios(httpx.get(gateway.url + "/metrics").text, replica_name(replica))
     finally:
         gateway.stop()
         replica.stop()
@@ -141,9 +146,9 @@ def test_under_a_queue_the_learned_rate_is_how_fast_the_replica_drains_it(tmp_pa
     assert ratios["1.5"] - ratios["0.8"] >= len(prompts) / 2, ratios
 
 
-def prediction_ratios(metrics: str) -> dict[str, float]:
-    """``spillgate_ttft_prediction_ratio`` for pool-0: cumulative bucket counts by upper bound, and the count."""
-    prefix = 'spillgate_ttft_prediction_ratio_bucket{backend="pool-0",le="'
+def prediction_ratios(metrics: str, backend: str) -> dict[str, float]:
+    """``spillgate_ttft_prediction_ratio`` for ``backend``: cumulative bucket counts by upper bound, and the count."""
+    prefix = f'spillgate_ttft_prediction_ratio_bucket{{backend="{backend}",le="'
     buckets = {}
     for line in metrics.splitlines():
         if line.startswith(prefix):

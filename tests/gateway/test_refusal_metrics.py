@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spillgate.gateway.serving.rate_headers import duration
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_over_one_replica
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_over_one_replica, pool_of
 from tests.support.procs import RunningProcess
 
 METRICS_TOKEN = "sk-test-metrics-token"
@@ -55,9 +55,12 @@ def refusals(gateway: RunningProcess, status: int, code: str, tenant: str) -> fl
     return samples(gateway, "spillgate_refusals_total").get(key, 0.0)
 
 
-def output_tokens(gateway: RunningProcess, backend: str, route: str) -> float:
-    key = frozenset({"backend": backend, "route": route}.items())
-    return samples(gateway, "spillgate_output_tokens_total").get(key, 0.0)
+def output_tokens(gateway: RunningProcess, pool: str, route: str) -> float:
+    """The output tokens ``route`` took from ``pool``'s replicas."""
+    found = samples(gateway, "spillgate_output_tokens_total")
+    return sum(
+        v for labels, v in found.items() if pool_of(dict(labels)["backend"]) == pool and ("route", route) in labels
+    )
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -98,16 +101,16 @@ def test_answers_from_a_backend_are_not_refusals(gateway: RunningProcess) -> Non
 
 def test_output_tokens_rise_by_the_completion_tokens_of_each_answer(gateway: RunningProcess) -> None:
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=TENANT_KEY, max_retries=0)
-    before = output_tokens(gateway, "pool-0", "chat")
+    before = output_tokens(gateway, "pool", "chat")
     answer = client.chat.completions.create(model="chat", messages=HELLO, max_tokens=7)  # type: ignore[arg-type]
     assert answer.usage is not None and answer.usage.completion_tokens > 0
-    assert output_tokens(gateway, "pool-0", "chat") == before + answer.usage.completion_tokens
+    assert output_tokens(gateway, "pool", "chat") == before + answer.usage.completion_tokens
 
     chunks = client.chat.completions.create(
         model="chat-rr", messages=HELLO, max_tokens=5, stream=True, stream_options={"include_usage": True}
     )  # type: ignore[arg-type]
     usage = [chunk.usage for chunk in chunks if chunk.usage is not None][-1]
-    assert output_tokens(gateway, "pool-0", "chat-rr") >= usage.completion_tokens > 0
+    assert output_tokens(gateway, "pool", "chat-rr") >= usage.completion_tokens > 0
 
 
 def test_a_tenant_with_rate_limits_is_told_where_it_stands(gateway: RunningProcess) -> None:

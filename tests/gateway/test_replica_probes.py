@@ -16,7 +16,7 @@ import pytest
 
 from spillgate.backends.registry import Backend, BackendRegistry
 from tests.gateway.test_cache_aware import ask
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 
 
@@ -42,9 +42,9 @@ def test_a_restarted_replica_starts_with_an_empty_index(replica: RunningProcess,
         ask(client, "aware", 400, "first")
         assert ask(client, "aware", 400, "second")[1] == "prefix_hit"
         replica.stop()
-        wait_for_health(gateway, healthy=False)
+        wait_for_health(gateway, replica, healthy=False)
         restarted = start_replica(tmp_path, "--time-scale", "0.02", port=port)
-        wait_for_health(gateway, healthy=True)
+        wait_for_health(gateway, replica, healthy=True)
         _, reason, usage = ask(client, "aware", 400, "third")
         assert reason == "least_ttft", "the index must forget what the old process cached"
         assert usage.prompt_tokens_details.cached_tokens < 50
@@ -63,10 +63,10 @@ def test_a_replica_that_only_answered_slowly_keeps_its_index(replica: RunningPro
         ask(client, "aware", 500, "first")
         os.killpg(replica.pid, signal.SIGSTOP)  # the process lives, but answers nothing
         try:
-            wait_for_health(gateway, healthy=False)
+            wait_for_health(gateway, replica, healthy=False)
         finally:
             os.killpg(replica.pid, signal.SIGCONT)
-        wait_for_health(gateway, healthy=True)
+        wait_for_health(gateway, replica, healthy=True)
         _, reason, usage = ask(client, "aware", 500, "second")
         assert reason == "prefix_hit"
         assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
@@ -148,8 +148,8 @@ async def test_a_request_of_ours_that_ends_during_a_scrape_is_not_other_clients_
         await registry.stop()
 
 
-def wait_for_health(gateway: RunningProcess, *, healthy: bool) -> None:
-    deadline = time.monotonic() + 10
-    while httpx.get(gateway.url + "/health").json()["backends"]["pool-0"]["healthy"] != healthy:
-        assert time.monotonic() < deadline, f"pool-0 never became healthy={healthy}"
+def wait_for_health(gateway: RunningProcess, replica: RunningProcess, *, healthy: bool) -> None:
+    name, deadline = replica_name(replica), time.monotonic() + 10
+    while httpx.get(gateway.url + "/health").json()["backends"][name]["healthy"] != healthy:
+        assert time.monotonic() < deadline, f"{name} never became healthy={healthy}"
         time.sleep(0.05)

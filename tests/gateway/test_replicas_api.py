@@ -17,7 +17,7 @@ from spillgate.gateway.control.discovery import LOOPBACK_ENV
 from tests.gateway.test_discovery import LABELS, NS, requests_seen
 from tests.gateway.test_live_config import ADMIN, ADMIN_KEY, TENANT, eventually
 from tests.gateway.test_secret_binding import Listener
-from tests.support.gateway import TENANT_KEY, running_replicas
+from tests.support.gateway import TENANT_KEY, replica_name, running_replicas
 from tests.support.kube_apiserver import KubeApiServer
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
@@ -110,7 +110,8 @@ def test_a_replica_added_then_drained_through_the_api_is_a_config_version(
     added = add(proc, "static", replicas[2].url)
     assert added.status_code == 200, added.text
     assert added.json()["diff"] == [f"pools.0.replicas.1: added {replicas[2].url!r}"]
-    assert {ask(proc, "static") for _ in range(4)} == {"static-0", "static-1"}
+    names = {replica_name(replicas[0], "static"), replica_name(replicas[2], "static")}
+    assert {ask(proc, "static") for _ in range(4)} == names
     shown = httpx.get(proc.url + "/admin/config", headers=ADMIN).json()
     assert shown["config"]["pools"][0]["replicas"] == [replicas[0].url, replicas[2].url]
     assert shown["file"]["not_in_file"] == [f"pools.0.replicas.1: added {replicas[2].url!r}"]
@@ -120,13 +121,13 @@ def test_a_replica_added_then_drained_through_the_api_is_a_config_version(
     removed = remove(proc, "static", replicas[0].url)
     assert removed.status_code == 200, removed.text
     before = requests_seen(replicas[0])
-    assert {ask(proc, "static") for _ in range(4)} == {"static-0"}
+    assert {ask(proc, "static") for _ in range(4)} == {replica_name(replicas[2], "static")}, "its name kept"
     assert requests_seen(replicas[0]) == before, "the removed replica gets no new request"
     assert requests_seen(replicas[2]) >= 4
     origins = {
         b["name"]: b.get("origin") for b in httpx.get(proc.url + "/admin/backends", headers=ADMIN).json()["backends"]
     }
-    assert origins == {"static-0": "config", "found/d": "discovered"}
+    assert origins == {replica_name(replicas[2], "static"): "config", "found/d": "discovered"}
 
 
 def test_what_the_api_cannot_take_is_refused_in_its_error_format(
@@ -182,7 +183,8 @@ def test_a_replica_url_that_does_not_parse_is_refused_through_the_api_and_the_fi
     raw["pools"][0]["replicas"][1] = replicas[2].url
     path.write_text(yaml.safe_dump(raw))
     eventually(lambda: file_status()["in_sync"])
-    assert {ask(proc, "static") for _ in range(4)} == {"static-0", "static-1"}
+    names = {replica_name(replicas[0], "static"), replica_name(replicas[2], "static")}
+    assert {ask(proc, "static") for _ in range(4)} == names
 
 
 def keyed_pool(replica: RunningProcess) -> list[dict[str, Any]]:
@@ -208,7 +210,7 @@ def test_an_admin_adding_a_replica_at_its_own_host_does_not_get_the_pool_key(
         assert [p["path"] for p in refused.json()["problems"]] == ["pools.0.api_key"]
         assert "may not be sent to" in refused.json()["problems"][0]["message"]
         for _ in range(3):
-            assert ask(proc, "keyed") == "keyed-0"
+            assert ask(proc, "keyed") == replica_name(replicas[0], "keyed")
         assert listener.seen == [], "the listener heard nothing, the key least of all"
     finally:
         proc.stop()

@@ -8,17 +8,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 RESIDENT_KEY = "sk-test-resident"
 
 
 @pytest.fixture(scope="module")
-def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
-    log_dir: Path = tmp_path_factory.mktemp("hybrid")
+def replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
     # One replica that runs one request at a time, at real speed: a second request must wait for the first.
-    replica = start_replica(log_dir, "--time-scale", "1", "--max-running-requests", "1")
+    replica = start_replica(tmp_path_factory.mktemp("replica"), "--time-scale", "1", "--max-running-requests", "1")
+    yield replica
+    replica.stop()
+
+
+@pytest.fixture(scope="module")
+def hybrid(replica: RunningProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]:
+    log_dir: Path = tmp_path_factory.mktemp("hybrid")
     port = free_port()
     hosted = start_spillgate(
         ["sim-hosted", "--port", str(port), "--ttft-ms", "80", "--tpot-ms", "5", "--time-scale", "1"],
@@ -57,7 +63,7 @@ def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProcess]
     )
     gateway = start_gateway(config, log_dir)
     yield gateway
-    for proc in (gateway, hosted, replica):
+    for proc in (gateway, hosted):
         proc.stop()
 
 
@@ -81,17 +87,17 @@ COMPLEX = (
 )
 
 
-def test_simple_prompts_stay_on_the_replicas(hybrid: RunningProcess) -> None:
-    assert route(chat(hybrid, "Say hello to my friend.")) == ("pool-0", "least_ttft")
+def test_simple_prompts_stay_on_the_replicas(hybrid: RunningProcess, replica: RunningProcess) -> None:
+    assert route(chat(hybrid, "Say hello to my friend.")) == (replica_name(replica), "least_ttft")
 
 
-def test_complex_prompts_go_to_the_frontier_tier(hybrid: RunningProcess) -> None:
+def test_complex_prompts_go_to_the_frontier_tier(hybrid: RunningProcess, replica: RunningProcess) -> None:
     assert route(chat(hybrid, COMPLEX)) == ("frontier", "complex")
     # A tenant that may never leave our GPUs is served on the replica all the same.
-    assert route(chat(hybrid, COMPLEX, key=RESIDENT_KEY)) == ("pool-0", "residency")
+    assert route(chat(hybrid, COMPLEX, key=RESIDENT_KEY)) == (replica_name(replica), "residency")
 
 
-def test_overflow_spills_and_residency_holds(hybrid: RunningProcess) -> None:
+def test_overflow_spills_and_residency_holds(hybrid: RunningProcess, replica: RunningProcess) -> None:
     # A streamed request teaches the gateway the replica's time per output token.
     warm = {"model": "hybrid", "messages": [{"role": "user", "content": "Warm up."}], "max_tokens": 150, "stream": True}
     with httpx.stream(
@@ -115,12 +121,13 @@ def test_overflow_spills_and_residency_holds(hybrid: RunningProcess) -> None:
         headers={"authorization": f"Bearer {TENANT_KEY}"},
         timeout=60,
     ) as busy:
-        assert busy.headers["x-spillgate-backend"] == "pool-0"
+        assert busy.headers["x-spillgate-backend"] == replica_name(replica)
         lines = busy.iter_lines()  # keep the iterator: dropping it would close the stream
         next(lines)
         # The replica's only slot is taken for ~2.6 s: a new request is predicted to miss a 400 ms TTFT.
         assert route(chat(hybrid, "Quick question: what is 2 + 2?")) == ("frontier", "overflow")
-        assert route(chat(hybrid, "Quick question: what is 3 + 3?", key=RESIDENT_KEY)) == ("pool-0", "residency")
+        resident = chat(hybrid, "Quick question: what is 3 + 3?", key=RESIDENT_KEY)
+        assert route(resident) == (replica_name(replica), "residency")
     metrics = httpx.get(hybrid.url + "/metrics").text
     assert 'reason="overflow"' in metrics and 'reason="complex"' in metrics and 'reason="residency"' in metrics
     spend = {

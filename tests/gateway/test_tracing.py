@@ -31,7 +31,7 @@ from spillgate.gateway.app import GatewayApp
 from spillgate.gateway.control.config import parse_config
 from spillgate.gateway.observability.tracing import Tracing, provider_from
 from spillgate.gateway.state import build_state
-from tests.support.gateway import TENANT_KEY, gateway_config, start_replica, words
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_replica, words
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -325,7 +325,7 @@ def test_one_span_tree_per_request_in_process(replica: RunningProcess, tmp_path:
             "first_token": "upstream",
         }
         spans = {s.name: s for s in gateway.trace(trace_id)}
-        assert spans["decision"].attributes["spillgate.backend"] == "pool-0"
+        assert spans["decision"].attributes["spillgate.backend"] == replica_name(replica)
         assert spans["upstream"].attributes["spillgate.outcome"] == "ok"
         root = spans["POST /v1/chat/completions"]
         assert root.attributes["spillgate.tenant"] == "tenant-a"

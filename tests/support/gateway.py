@@ -15,6 +15,7 @@ import yaml
 from openai.types import CompletionUsage
 
 from spillgate.gateway.control.config import RECOMMENDED_SGLANG_FLAGS
+from spillgate.gateway.control.replica_names import configured_name
 from tests.support.procs import RunningProcess, free_port, start_process, start_spillgate
 
 TENANT_KEY = "sk-test-tenant"
@@ -37,6 +38,18 @@ def gateway_config(replica_urls: list[str], **overrides: Any) -> dict[str, Any]:
     }
     config.update(overrides)
     return config
+
+
+def replica_name(replica: str | RunningProcess, pool: str = "pool") -> str:
+    """The name the gateway gives the configured replica at ``replica`` (a URL, or a running one) in ``pool``:
+    ``pool/host:port``, as headers, metrics, the access log and the admin API show it."""
+    return configured_name(pool, replica if isinstance(replica, str) else replica.url)
+
+
+def pool_of(backend: str) -> str:
+    """The pool of a configured or discovered replica by its name (``pool/...``); a hosted model's name is its own.
+    For a pool of one replica that a fixture keeps to itself."""
+    return backend.partition("/")[0]
 
 
 def start_gateway(config: dict[str, Any], tmp_path: Path, *, ready_path: str = "/health") -> RunningProcess:
