@@ -28,6 +28,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -46,6 +53,13 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-running-requests", "--max-num-seqs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dp-size",
+        "--data-parallel-size",
+        type=_positive_int,
+        default=1,
+        help="data-parallel ranks: schedulers each with their own KV cache and KV-event publisher (port + rank)",
+    )
     parser.add_argument(
         "--engine", default="sglang", choices=["sglang", "vllm"], help="whose server to look like (default sglang)"
     )
@@ -129,6 +143,7 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         kv_events_config=args.kv_events_config,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        dp_size=args.dp_size,
     )
     try:
         config.kv_events  # noqa: B018 - parsed now, so a bad flag stops the start

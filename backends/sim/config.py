@@ -50,11 +50,14 @@ class ReplicaConfig:
     ``--enable-auto-tool-choice``."""
     enable_auto_tool_choice: bool = False
     """vLLM's ``--enable-auto-tool-choice``: its tool parser exists only with this and ``--tool-call-parser``."""
+    dp_size: int = 1
+    """``--dp-size`` (vLLM's ``--data-parallel-size``): schedulers in this server, each with its own KV cache of
+    ``max_total_num_tokens`` and its own KV-event publisher (:mod:`backends.sim.data_parallel`)."""
 
     @cached_property
     def kv_events(self) -> KvEventsConfig | None:
         """The parsed ``--kv-events-config`` (ValueError if the engine would refuse it)."""
-        return parse_kv_events_config(self.engine, self.kv_events_config)
+        return parse_kv_events_config(self.engine, self.kv_events_config, self.dp_size)
 
     @cached_property
     def preset_spec(self) -> Preset:
@@ -146,7 +149,7 @@ class ReplicaConfig:
             "page_size": self.page_size,
             "tp_size": preset.tp_size,
             "pp_size": 1,
-            "dp_size": 1,
+            "dp_size": self.dp_size,
             "ep_size": 1,
             "stream_interval": 1,
             "incremental_streaming_output": False,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -107,6 +108,8 @@ class KvEventsConfig:
     """Listen on ``endpoint`` (else connect to a subscriber listening there)."""
     fields: dict[str, Any]
     """Every key as the engine holds it (vLLM's ``/kv_event_sources``)."""
+    dp_size: int = 1
+    """Data-parallel ranks publishing: rank r on ``endpoint``'s port + r (:meth:`for_rank`)."""
 
     @property
     def publishes(self) -> bool:
@@ -125,15 +128,41 @@ class KvEventsConfig:
             "endpoint_port_base": port,
             "topic": self.topic,
             "block_size": block_size,
-            "dp_size": 1,
+            "dp_size": self.dp_size,
         }
         if self.replay_endpoint is not None:
             info["replay_endpoint_port_base"] = endpoint_host_port(self.replay_endpoint)[1]
         return info
 
     def sources(self) -> dict[str, Any]:
-        """vLLM's ``/kv_event_sources``: the config per data-parallel rank (``{}`` when nothing is published)."""
-        return {"0": dict(self.fields)} if self.publishes else {}
+        """vLLM's ``/kv_event_sources``: the config per data-parallel rank, each with its own ports (``{}`` when
+        nothing is published)."""
+        if not self.publishes:
+            return {}
+        return {str(rank): dict(self.for_rank(rank).fields) for rank in range(self.dp_size)}
+
+    def for_rank(self, rank: int) -> KvEventsConfig:
+        """Where data-parallel rank ``rank`` publishes: both engines add the rank to the ports
+        (``offset_endpoint_port``)."""
+        if rank == 0:
+            return self
+        endpoint = offset_endpoint_port(self.endpoint, rank)
+        replay = None if self.replay_endpoint is None else offset_endpoint_port(self.replay_endpoint, rank)
+        fields = {**self.fields, "endpoint": endpoint, "replay_endpoint": replay}
+        return dataclasses.replace(self, endpoint=endpoint, replay_endpoint=replay, fields=fields)
+
+
+def offset_endpoint_port(endpoint: str, rank: int) -> str:
+    """The engines' ``offset_endpoint_port``: a TCP port moves up by ``rank``, an ``inproc://`` name gets
+    ``_dp{rank}``; anything else cannot be offset (ValueError, as the engines raise)."""
+    if rank == 0:
+        return endpoint
+    if "inproc" in endpoint:
+        return f"{endpoint}_dp{rank}"
+    if endpoint.startswith("tcp://"):
+        address, _, port = endpoint.rpartition(":")
+        return f"{address}:{int(port) + rank}"
+    raise ValueError(f"cannot publish data-parallel rank {rank} on {endpoint!r}: must contain 'inproc' or 'tcp'")
 
 
 def endpoint_host_port(endpoint: str) -> tuple[str | None, int | None]:
@@ -165,8 +194,9 @@ def _binds(engine: str, endpoint: str, bind: bool) -> bool:
     return host in ("*", "::", "0.0.0.0")
 
 
-def parse_kv_events_config(engine: str, text: str | None) -> KvEventsConfig | None:
-    """The flag as ``engine`` reads it; ValueError (with a message naming the problem) if it is not valid."""
+def parse_kv_events_config(engine: str, text: str | None, dp_size: int = 1) -> KvEventsConfig | None:
+    """The flag as ``engine`` reads it, for ``dp_size`` data-parallel ranks; ValueError (with a message naming the
+    problem) if it is not valid."""
     if text is None:
         return None
     try:
@@ -191,7 +221,7 @@ def parse_kv_events_config(engine: str, text: str | None) -> KvEventsConfig | No
         publisher = flag.publisher
         fields = flag.model_dump()
         bind = _binds(engine, flag.endpoint, flag.bind)
-    return KvEventsConfig(
+    config = KvEventsConfig(
         engine=engine,
         raw=text,
         publisher=publisher,
@@ -203,7 +233,11 @@ def parse_kv_events_config(engine: str, text: str | None) -> KvEventsConfig | No
         topic=flag.topic,
         bind=bind,
         fields=fields,
+        dp_size=dp_size,
     )
+    for rank in range(1, dp_size):
+        config.for_rank(rank)  # every rank's endpoints can be offset, or the start stops here
+    return config
 
 
 # events on the wire ---------------------------------------------------------------------------------------------
@@ -314,9 +348,11 @@ class KvEventPublisher:
     messages, as with the real engines), and the replay socket is served by an asyncio task.
     """
 
-    def __init__(self, config: KvEventsConfig, page_size: int) -> None:
-        self.config = config
+    def __init__(self, config: KvEventsConfig, page_size: int, rank: int = 0) -> None:
+        self.config = config.for_rank(rank)
         self.page_size = page_size
+        self.rank = rank
+        """The data-parallel rank whose cache this publishes, stamped on every batch."""
         self.vllm = config.engine == "vllm"
         self._topic = config.topic.encode("utf-8")
         self._pending: list[_Event] = []
@@ -434,7 +470,7 @@ class KvEventPublisher:
         if not self._pending:
             return
         events, self._pending = self._pending, []
-        payload = self._encoder.encode(EventBatch(ts=time.time(), events=events, data_parallel_rank=0))
+        payload = self._encoder.encode(EventBatch(ts=time.time(), events=events, data_parallel_rank=self.rank))
         seq = self._seq
         self._seq += 1
         self._buffer.append((seq, payload))

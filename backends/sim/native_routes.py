@@ -122,7 +122,7 @@ async def server_info(replica: ReplicaDep) -> OrjsonResponse:
             "max_req_input_len": config.max_req_input_len,
             "kv_events": config.kv_events.server_info(config.page_size) if config.kv_events else None,
             "startup_time": {**startup_time, "tokenizer_e2e": 0.0},
-            "internal_states": [internal_state],
+            "internal_states": [internal_state] * config.dp_size,  # one per data-parallel rank
             "version": SGLANG_VERSION,
             "frontend": "python",
             "simulator": {"preset": config.preset, "time_scale": config.time_scale},

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from spillgate.backends.sim.chat_template import ChatTemplate
 from spillgate.backends.sim.clock import VirtualClock
 from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.data_parallel import DataParallelScheduler, PublisherGroup, data_parallel_ranks
 from spillgate.backends.sim.engine import Engine
 from spillgate.backends.sim.kv_events import KvEventPublisher
 from spillgate.backends.sim.metrics import ReplicaMetrics
@@ -27,10 +28,16 @@ class Replica:
         self.tokenizer = Tokenizer()
         self.chat_template = ChatTemplate(self.tokenizer)
         self.clock = VirtualClock(config.time_scale)
-        kv_events = config.kv_events
-        self.kv_events = KvEventPublisher(kv_events, config.page_size) if kv_events and kv_events.publishes else None
+        self.kv_events: KvEventPublisher | PublisherGroup | None
         """Opened and closed with the app (``server.create_app``); None without ``--kv-events-config``."""
-        self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock, self.kv_events)
+        self.scheduler: Scheduler | DataParallelScheduler
+        if config.dp_size > 1:
+            self.scheduler, self.kv_events = data_parallel_ranks(config, self.clock)
+        else:
+            kv_events = config.kv_events
+            publishes = kv_events is not None and kv_events.publishes
+            self.kv_events = KvEventPublisher(kv_events, config.page_size) if kv_events and publishes else None
+            self.scheduler = Scheduler(config.preset_spec, config.scheduler_limits(), self.clock, self.kv_events)
         self.metrics: ReplicaMetrics | VllmMetrics
         if config.engine == "vllm":
             self.metrics = VllmMetrics(

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from spillgate.backends.sim import debug_routes, embedding_routes, native_routes, openai_routes, vllm_face
 from spillgate.backends.sim.config import ReplicaConfig
+from spillgate.backends.sim.data_parallel import install_data_parallel
 from spillgate.backends.sim.errors import install_error_handlers
 from spillgate.backends.sim.replica import Replica
 
@@ -40,6 +41,7 @@ def create_app(config: ReplicaConfig) -> FastAPI:
     app.state.replica = replica
     app.state.stop_generation = replica.scheduler.abort_all
     install_error_handlers(app)
+    install_data_parallel(app, config)
     app.include_router(debug_routes.router)
     app.include_router(embedding_routes.router)
     if config.engine == "vllm":
