@@ -95,6 +95,12 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="vLLM: parse tool calls (with --tool-call-parser); without both it refuses tool_choice",
     )
+    parser.add_argument(
+        "--enable-response-store",
+        action="store_true",
+        help="SGLang: keep /v1/responses answers for previous_response_id and retrieval (vLLM: the environment "
+        "variable VLLM_ENABLE_RESPONSES_API_STORE=1)",
+    )
     parser.set_defaults(handler=run_replica)
 
 
@@ -143,6 +149,7 @@ def replica_config_from_args(args: argparse.Namespace) -> ReplicaConfig:
         kv_events_config=args.kv_events_config,
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
+        enable_response_store=args.enable_response_store,
         dp_size=args.dp_size,
     )
     try:

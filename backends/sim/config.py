@@ -50,6 +50,9 @@ class ReplicaConfig:
     ``--enable-auto-tool-choice``."""
     enable_auto_tool_choice: bool = False
     """vLLM's ``--enable-auto-tool-choice``: its tool parser exists only with this and ``--tool-call-parser``."""
+    enable_response_store: bool = False
+    """SGLang's ``--enable-response-store``: without it ``previous_response_id`` and retrieving a response are refused
+    (vLLM reads ``VLLM_ENABLE_RESPONSES_API_STORE`` instead: ``responses_store.py``)."""
     dp_size: int = 1
     """``--dp-size`` (vLLM's ``--data-parallel-size``): schedulers in this server, each with its own KV cache of
     ``max_total_num_tokens`` and its own KV-event publisher (:mod:`backends.sim.data_parallel`)."""

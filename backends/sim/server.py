@@ -10,11 +10,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from spillgate.backends.sim import debug_routes, embedding_routes, native_routes, openai_routes, vllm_face
+from spillgate.backends.sim import (
+    debug_routes,
+    embedding_routes,
+    native_routes,
+    openai_routes,
+    responses_routes,
+    vllm_face,
+)
 from spillgate.backends.sim.config import ReplicaConfig
 from spillgate.backends.sim.data_parallel import install_data_parallel
 from spillgate.backends.sim.errors import install_error_handlers
 from spillgate.backends.sim.replica import Replica
+from spillgate.backends.sim.responses_store import ResponseStore, store_enabled
 
 
 def create_app(config: ReplicaConfig) -> FastAPI:
@@ -40,6 +48,7 @@ def create_app(config: ReplicaConfig) -> FastAPI:
     app = FastAPI(title="spillgate SGLang simulator", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.replica = replica
     app.state.stop_generation = replica.scheduler.abort_all
+    app.state.response_store = ResponseStore(store_enabled(config))
     install_error_handlers(app)
     install_data_parallel(app, config)
     app.include_router(debug_routes.router)
@@ -48,6 +57,7 @@ def create_app(config: ReplicaConfig) -> FastAPI:
         if config.api_key is not None:
             app.add_middleware(_ApiKey, api_key=config.api_key, guarded=vllm_face.GUARDED_PREFIXES)
         app.include_router(vllm_face.router)
+        app.include_router(responses_routes.vllm_router)
         if os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):
             app.include_router(vllm_face.dev_router)
         return app
@@ -55,6 +65,7 @@ def create_app(config: ReplicaConfig) -> FastAPI:
         app.add_middleware(_ApiKey, api_key=config.api_key)
     app.include_router(native_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.sglang_router)
     return app
 
 
