@@ -9,6 +9,7 @@ from spillgate.gateway.bench.client import RequestResult
 from spillgate.gateway.bench.stats import Slo, summarize
 from tests.bench.compare_routers import Run
 from tests.bench.tpot_breakdown import check_rows, fit, run_figures
+from tests.support.gateway import replica_name
 
 
 def _delta(decode_tokens: float, stalled: float, tpot_sum: float, requests: float) -> dict[str, float]:
@@ -25,15 +26,17 @@ def _delta(decode_tokens: float, stalled: float, tpot_sum: float, requests: floa
 
 def test_figures_split_the_inter_token_latency_and_file_client_tpots_under_their_replica() -> None:
     slo = Slo(ttft_ms=1000.0, tpot_ms=50.0)
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    first_name, second_name = (replica_name(url, "sims") for url in urls)
     results = [
-        RequestResult(start=0.0, ok=True, backend="sims-0", tpot=0.06),
-        RequestResult(start=0.1, ok=True, backend="sims-1", tpot=0.12),
-        RequestResult(start=0.2, ok=False, backend="sims-1", tpot=None),
+        RequestResult(start=0.0, ok=True, backend=first_name, tpot=0.06),
+        RequestResult(start=0.1, ok=True, backend=second_name, tpot=0.12),
+        RequestResult(start=0.2, ok=False, backend=second_name, tpot=None),
         RequestResult(start=0.3, ok=True, backend="-", tpot=0.09),  # a router that does not say
     ]
     summary = summarize(results, duration_s=1.0, unfinished=0, slo=slo)
     run = Run(LevelResult("r", None, 1.0, summary, results), [], 1.0, (1.0, 0.0), slo)
-    figures = run_figures(run, [_delta(1000, 12.0, 0.2, 10), _delta(500, 2.0, 0.1, 5)], time_scale=6.0)
+    figures = run_figures(run, [_delta(1000, 12.0, 0.2, 10), _delta(500, 2.0, 0.1, 5)], time_scale=6.0, urls=urls)
 
     first, second, cluster = (fig.to_json() for fig in figures)
     assert first["itl_decode_ms"] == pytest.approx(8.0) and first["itl_prefill_stall_ms"] == pytest.approx(12.0)

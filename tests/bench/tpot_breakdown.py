@@ -50,6 +50,7 @@ from tests.bench.compare_kv_events import BELIEF_POOL, PREFIX, specs_of, start_c
 from tests.bench.compare_routers import Reference, Run, Settings, _exit_on_sigterm, _progress, measure
 from tests.bench.compare_workloads import WorkloadSpec
 from tests.bench.services import http_request, run_script
+from tests.support.gateway import replica_name
 
 NO_HOLD_POOL = {"max_waiting_prefill_tokens": 0}
 STICKY_ROUTE = {"affinity": {"max_slowdown": 1000.0}}
@@ -159,10 +160,12 @@ class ReplicaFigures:
         }
 
 
-def run_figures(run: Run, deltas: list[dict[str, float]], time_scale: float) -> list[ReplicaFigures]:
-    """Per replica, then the cluster as the last entry; client TPOTs by the replica that served them when the
-    router says (``x-spillgate-backend``: ``POOL-INDEX`` in replica order), else only in the cluster's."""
+def run_figures(run: Run, deltas: list[dict[str, float]], time_scale: float, urls: list[str]) -> list[ReplicaFigures]:
+    """Per replica (``urls``, in the order of ``deltas``), then the cluster as the last entry; client TPOTs by the
+    replica that served them when the router says (``x-spillgate-backend``: ``sims/host:port``), else only in the
+    cluster's."""
     replicas = [ReplicaFigures(delta) for delta in deltas]
+    index_of = {replica_name(url, "sims"): index for index, url in enumerate(urls)}
     total = ReplicaFigures({key: sum(d.get(key, 0.0) for d in deltas) for key in deltas[0]})
     total.delta["now"] = max(d.get("now", 0.0) for d in deltas)
     for result in run.level.results:
@@ -170,9 +173,9 @@ def run_figures(run: Run, deltas: list[dict[str, float]], time_scale: float) -> 
             continue
         tpot_ms = 1000.0 * result.tpot / time_scale
         total.client_tpots_ms.append(tpot_ms)
-        index = result.backend.rsplit("-", 1)[-1]
-        if index.isdigit() and int(index) < len(replicas):
-            replicas[int(index)].client_tpots_ms.append(tpot_ms)
+        index = index_of.get(result.backend)
+        if index is not None and index < len(replicas):
+            replicas[index].client_tpots_ms.append(tpot_ms)
     return [*replicas, total]
 
 
@@ -233,7 +236,7 @@ def measure_run(
     failed = sum(1 for result in run.level.results if not result.ok)
     if failed:
         _progress(f"  {failed} requests failed in {row.kind} seed {seed}")
-    return run_figures(run, deltas, settings.time_scale)
+    return run_figures(run, deltas, settings.time_scale, cluster.urls)
 
 
 def pool_runs(runs: list[list[ReplicaFigures]]) -> ReplicaFigures:

@@ -50,6 +50,7 @@ import httpx
 import orjson
 import yaml
 
+from tests.support.gateway import replica_name
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 LOAD_KEY = "sk-chaos-load"
@@ -109,6 +110,10 @@ class Run:
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    def replica_name(self, index: int) -> str:
+        """What the gateways call replica ``index`` (its address names it)."""
+        return replica_name(f"http://127.0.0.1:{self.replica_ports[index]}")
 
     # Redis ---------------------------------------------------------------------------------------------
 
@@ -403,7 +408,9 @@ async def schedule(run: Run, client: httpx.AsyncClient) -> None:
     await at(12)
     await asyncio.to_thread(run.start_replica, 0)
     back = run.events["replica 0 back"] = run.now()
-    await wait_served(run, client, "replica 0 (restarted)", back, lambda: replica_serves(run, client, "pool-0", back))
+    await wait_served(
+        run, client, "replica 0 (restarted)", back, lambda: replica_serves(run, client, run.replica_name(0), back)
+    )
 
     await at(18)
     os.killpg(run.replicas[1].popen.pid, signal.SIGSTOP)
@@ -411,7 +418,9 @@ async def schedule(run: Run, client: httpx.AsyncClient) -> None:
     await at(22)
     os.killpg(run.replicas[1].popen.pid, signal.SIGCONT)
     back = run.events["replica 1 continued"] = run.now()
-    await wait_served(run, client, "replica 1 (stopped 4 s)", back, lambda: replica_serves(run, client, "pool-1", back))
+    await wait_served(
+        run, client, "replica 1 (stopped 4 s)", back, lambda: replica_serves(run, client, run.replica_name(1), back)
+    )
 
     await at(28)
     await asyncio.to_thread(run.stop_redis, save=True)

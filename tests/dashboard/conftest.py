@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
+from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
 
 ADMIN_KEY = "sk-test-admin"
@@ -32,6 +32,8 @@ class Stack:
     gateway: RunningProcess
     reasons: dict[str, int]
     """What the ``x-spillgate-reason`` headers of the traffic said, counted."""
+    replicas: list[str]
+    """The names of pool ``pool``'s two replicas."""
 
     @property
     def url(self) -> str:
@@ -123,7 +125,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     replica_ports = [free_port(), free_port()]
     hosted_port = free_port()
     hosted_args = ["sim-hosted", "--port", str(hosted_port), "--ttft-ms", "20", "--tpot-ms", "1", "--time-scale", "1"]
-    config = _config([f"http://127.0.0.1:{p}" for p in replica_ports], f"http://127.0.0.1:{hosted_port}")
+    replica_urls = [f"http://127.0.0.1:{p}" for p in replica_ports]
+    config = _config(replica_urls, f"http://127.0.0.1:{hosted_port}")
     # Everything starts at once (the gateway's start-up, loading litellm, is the long pole).
     with ThreadPoolExecutor(4) as pool:
         starting = [pool.submit(start_replica, log_dir, "--time-scale", "0.05", port=p) for p in replica_ports]
@@ -136,7 +139,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             future.result()  # the first start-up failure, if any
         gateway = started[-1]
         _wait_healthy(gateway.url)
-        yield Stack(gateway, _traffic(gateway.url))
+        yield Stack(gateway, _traffic(gateway.url), [replica_name(url) for url in replica_urls])
     finally:
         with ThreadPoolExecutor(4) as pool:
             wait([pool.submit(proc.stop) for proc in started])

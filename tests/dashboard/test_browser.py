@@ -97,7 +97,8 @@ def test_admin_page_shows_what_metrics_say(stack: Stack, browser: Browser) -> No
     tenant_rent = sum(float(value) for metric, (value, _) in numbers.items() if metric.startswith("rent.tenant."))
     assert tenant_rent == pytest.approx(float(numbers["rent.total"][0]), rel=1e-9), "tenants' shares are the rent"
     backends = {labels["backend"] for labels, _ in samples["spillgate_ttft_seconds_bucket"]}
-    assert {"pool-0", "frontier"} <= backends
+    first = stack.replicas[0]
+    assert {first, "frontier"} <= backends
     for backend in backends:
         for q in (0.5, 0.95, 0.99):
             check(
@@ -106,11 +107,11 @@ def test_admin_page_shows_what_metrics_say(stack: Stack, browser: Browser) -> No
                 promtext.quantile(q, samples, "spillgate_ttft_seconds", backend),
             )
     tokens = {(labels["backend"], labels["kind"]): v for labels, v in samples["spillgate_prompt_tokens_total"]}
-    check(numbers, "cache.pool-0.hit_rate", tokens["pool-0", "cached"] / tokens["pool-0", "prompt"])
+    check(numbers, f"cache.{first}.hit_rate", tokens[first, "cached"] / tokens[first, "prompt"])
     slo = promtext.sum_by(samples, "spillgate_slo_requests_total", "result")
     check(numbers, "slo.default.attainment", slo.get("met", 0) / sum(slo.values()))
-    check(numbers, "load.pool-0.in_flight", 0)
-    assert numbers["load.pool-0.healthy"][1] == "up"
+    check(numbers, f"load.{first}.in_flight", 0)
+    assert numbers[f"load.{first}.healthy"][1] == "up"
 
     if ledger["configured"]:
         # The durable ledger and the metrics counted the same requests.
@@ -134,7 +135,8 @@ def test_tenant_page_shows_only_its_tenant(stack: Stack, browser: Browser) -> No
     assert not [m for m in numbers if m.split(".")[0] in ("requests", "spend", "savings", "slo")]
     assert not [m for m in numbers if m.endswith((".count", "prompt_tokens", "cached_tokens"))]
     samples = promtext.parse(stack.metrics())
-    check(numbers, "ttft.pool-0.p50", promtext.quantile(0.5, samples, "spillgate_ttft_seconds", "pool-0"))
+    first = stack.replicas[0]
+    check(numbers, f"ttft.{first}.p50", promtext.quantile(0.5, samples, "spillgate_ttft_seconds", first))
     assert "admin key required" in page.inner_text("#panel-requests")
     if ledger["configured"]:
         assert {r["tenant"] for r in ledger["series"]} == {"tenant-a"}

@@ -127,7 +127,7 @@ def test_the_gateway_config_names_the_services_that_run(compose: dict[str, Any],
     served = set()
     for pool in gateway_config.pools:
         assert pool.replicas, f"pool {pool.name} has no replicas"
-        for url in pool.replicas:
+        for url in (replica.url for replica in pool.replicas):
             where = urlsplit(url)
             assert where.hostname in sims, f"pool {pool.name}: {url} names no simulated replica service"
             sim = sims[where.hostname]

@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from tests.engines.worlds import WORLDS, World, make_world
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway
 from tests.support.procs import RunningProcess, free_port
 
 
@@ -136,7 +136,7 @@ def health(gateway: RunningProcess) -> dict[str, Any]:
 def test_chat_and_completions_streamed_and_not(gateway: RunningProcess) -> None:
     sdk = client(gateway)
     backend, _, answer = chat(gateway, "chat", "Say something.", max_tokens=6)
-    assert backend.startswith("pool-")
+    assert backend.startswith("pool/")
     assert answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == 6 and answer.usage.prompt_tokens > 3
 
@@ -235,13 +235,13 @@ def test_replica_load_is_scraped_and_steers_new_requests(
         # test's reads of /metrics included (single reads were seen to take 19 s): allow a minute.
         deadline = time.monotonic() + 60
         while True:
-            running = _gauge(gateway, "spillgate_backend_running_requests", "pool-0")
+            running = _gauge(gateway, "spillgate_backend_running_requests", replica_name(pair[0]))
             if running >= 2:
                 break
             assert time.monotonic() < deadline, "the replica's running requests never showed in the gateway"
             time.sleep(0.2)
         chosen = {chat(gateway, "chat", f"steer {i}")[0] for i in range(4)}
-        assert chosen == {"pool-1"}
+        assert chosen == {replica_name(pair[1])}
     finally:
         stop.set()
         for thread in threads:
@@ -258,6 +258,7 @@ def _gauge(gateway: RunningProcess, name: str, backend: str) -> float:
 def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     gateway: RunningProcess, pair: list[RunningProcess], world: World
 ) -> None:
+    busy, hung = replica_name(pair[0]), replica_name(pair[1])
     # Three long prompts sharing nothing, prefilled one after another (vLLM on a CPU prefills one in ~1.5 s).
     prompts = [_prompt_of(world, int(world.context * 0.6), tag) for tag in ("p", "q", "r")]
 
@@ -270,11 +271,11 @@ def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     for thread in threads:
         thread.start()
     while any(thread.is_alive() for thread in threads) and time.monotonic() - started < 90:
-        assert health(gateway)["pool-0"]["healthy"], "a busy replica was taken out of rotation"
+        assert health(gateway)[busy]["healthy"], "a busy replica was taken out of rotation"
         time.sleep(0.2)
     for thread in threads:
         thread.join()
-    assert health(gateway)["pool-0"]["healthy"]
+    assert health(gateway)[busy]["healthy"]
     if world.real:
         # Long enough that probes waiting on it would have timed out (1 s each, two in a row) several times.
         assert time.monotonic() - started > 2.5, "the prefill was too short to prove anything"
@@ -282,17 +283,17 @@ def test_a_replica_in_a_long_prefill_stays_in_rotation_and_a_hung_one_leaves(
     os.killpg(pair[1].pid, signal.SIGSTOP)
     try:
         stopped = time.monotonic()
-        while health(gateway)["pool-1"]["healthy"]:
+        while health(gateway)[hung]["healthy"]:
             assert time.monotonic() - stopped < 5, "a hung replica stayed in rotation"
             time.sleep(0.1)
-        assert {chat(gateway, "chat", f"while hung {i}")[0] for i in range(3)} == {"pool-0"}
+        assert {chat(gateway, "chat", f"while hung {i}")[0] for i in range(3)} == {busy}
     finally:
         os.killpg(pair[1].pid, signal.SIGCONT)
     deadline = time.monotonic() + 30
-    while not health(gateway)["pool-1"]["healthy"]:
+    while not health(gateway)[hung]["healthy"]:
         assert time.monotonic() < deadline, "the replica never came back"
         time.sleep(0.2)
-    assert health(gateway)["pool-1"]["last_error"] is None, "an old probe failure is not the replica's state now"
+    assert health(gateway)[hung]["last_error"] is None, "an old probe failure is not the replica's state now"
 
 
 def _prompt_of(world: World, tokens: int, tag: str = "p") -> str:
@@ -313,7 +314,7 @@ def test_engine_errors_reach_the_client_in_openai_format(gateway: RunningProcess
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], temperature=-1)
     assert "temperature" in bad.value.body["message"], "the engine's own reason reaches the client"
-    assert "pool-" not in bad.value.body["message"], "replica names stay in the gateway's log"
+    assert "pool/" not in bad.value.body["message"], "replica names stay in the gateway's log"
 
 
 def test_a_replica_behind_an_api_key(world: World, plain: RunningProcess, tmp_path: Path) -> None:
@@ -322,8 +323,8 @@ def test_a_replica_behind_an_api_key(world: World, plain: RunningProcess, tmp_pa
     bad = world_gateway(world, [plain.url], tmp_path / "bad", api_key="sk-not-the-key")
     try:
         backend, _, answer = chat(good, "chat", "hello behind a key")
-        assert backend == "pool-0" and answer.usage.completion_tokens == 4
-        assert health(good)["pool-0"]["capabilities"]["context_window"] == world.context, "probes carry the key"
+        assert backend == replica_name(plain) and answer.usage.completion_tokens == 4
+        assert health(good)[backend]["capabilities"]["context_window"] == world.context, "probes carry the key"
         with pytest.raises(openai.APIStatusError) as refused:
             chat(bad, "chat", "hello with the wrong key")
         assert refused.value.status_code == 502 and refused.value.body["code"] == "backend_auth"
@@ -338,9 +339,9 @@ def test_a_replica_on_its_defaults_works_and_says_what_it_lacks(
     gateway = world_gateway(world, [plain.url], tmp_path / "gw", api_key=REPLICA_KEY)
     try:
         backend, _, answer = chat(gateway, "aware", words("plain", 300))
-        assert backend == "pool-0"
+        assert backend == replica_name(plain)
         assert answer.usage.prompt_tokens_details is None
-        reported = health(gateway)["pool-0"]
+        reported = health(gateway)[backend]
         assert reported["capabilities"]["cache_report"] is False
         assert any(world.recommended[-1] in d for d in reported["degraded"]), reported["degraded"]
         if world.engine == "sglang":
@@ -375,16 +376,16 @@ def test_a_restarted_replica_starts_with_an_empty_index(
     world: World, pair: list[RunningProcess], tmp_path: Path
 ) -> None:
     """Last in the module: it replaces the second replica of the pair by a new process on the same port."""
-    port = int(pair[1].url.rsplit(":", 1)[1])
+    port, name = int(pair[1].url.rsplit(":", 1)[1]), replica_name(pair[1])  # the same again on the same port
     gateway = world_gateway(world, [pair[1].url], tmp_path / "gw")
     try:
         prefix = words("restart", 500)
         chat(gateway, "aware", prefix + " one")
         assert chat(gateway, "aware", prefix + " two")[1] == "prefix_hit"
         pair[1].stop()
-        _wait_health(gateway, healthy=False)
+        _wait_health(gateway, name, healthy=False)
         pair[1] = world.replica(tmp_path, *world.recommended, port=port)
-        _wait_health(gateway, healthy=True, seconds=60)
+        _wait_health(gateway, name, healthy=True, seconds=60)
         _, reason, answer = chat(gateway, "aware", prefix + " three")
         assert reason != "prefix_hit", "the index forgot what the old process held"
         assert answer.usage.prompt_tokens_details.cached_tokens < answer.usage.prompt_tokens / 2
@@ -392,10 +393,10 @@ def test_a_restarted_replica_starts_with_an_empty_index(
         gateway.stop()
 
 
-def _wait_health(gateway: RunningProcess, *, healthy: bool, seconds: float = 15) -> None:
+def _wait_health(gateway: RunningProcess, name: str, *, healthy: bool, seconds: float = 15) -> None:
     deadline = time.monotonic() + seconds
-    while health(gateway)["pool-0"]["healthy"] != healthy:
-        assert time.monotonic() < deadline, f"pool-0 never became healthy={healthy}"
+    while health(gateway)[name]["healthy"] != healthy:
+        assert time.monotonic() < deadline, f"{name} never became healthy={healthy}"
         time.sleep(0.1)
 
 

@@ -29,7 +29,7 @@ from spillgate.gateway.tenancy.tenants import Tenant
 from tests.engines.install import Installed, installed_already
 from tests.engines.servers import RECOMMENDED, SERVED_MODEL, start_engine
 from tests.engines.worlds import World, make_world
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway
+from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway
 from tests.support.procs import RunningProcess
 
 pytestmark = [
@@ -122,6 +122,10 @@ class Replicas:
     def url(self, role: str) -> str:
         return self.running[role].url
 
+    def name(self, role: str) -> str:
+        """What a gateway over the role's replica calls it (its address names it, the same after a restart)."""
+        return replica_name(self.url(role))
+
 
 @pytest.fixture(scope="module")
 def replicas(world: World, tmp_path_factory: pytest.TempPathFactory) -> Replicas:
@@ -144,7 +148,7 @@ def replicas(world: World, tmp_path_factory: pytest.TempPathFactory) -> Replicas
 
 
 def kv_gateway(replicas: Replicas, roles: list[str], log_dir: Path) -> RunningProcess:
-    """A gateway over ``roles`` (named pool-0, pool-1... in that order) reading the engine's own prompt ids."""
+    """A gateway over ``roles`` (each named by :meth:`Replicas.name`) reading the engine's own prompt ids."""
     config = gateway_config([])
     pool = {"name": "pool", "served_model": SERVED_MODEL, "engine": replicas.world.engine}
     config["pools"] = [{**pool, "replicas": [replicas.url(role) for role in roles]}]
@@ -279,7 +283,7 @@ def test_predictions_from_events_match_the_replicas_through_evictions(
     assert total >= len(answers), figures
     assert exact >= 0.99 * total, figures
     # The workload evicted: the first chats' second turns, held where they were answered, are gone from there.
-    urls = {"pool-0": replicas.url("a"), "pool-1": replicas.url("b")}
+    urls = {replicas.name(role): replicas.url(role) for role in ("a", "b")}
     homes = {group: answer.backend for group, turn, answer in answers if turn == 1}
     left = {group: ask_replica(urls[homes[group]], conversation(group, 1)) for group in (0, 1)}
     assert any(cached < HELD for cached in left.values()), f"nothing evicted: cached tokens now {left}; {answers}"
@@ -298,12 +302,10 @@ def test_a_late_gateway_catches_up_through_the_replay_socket(
         ask_replica(replicas.url(role), messages)
     time.sleep(0.5)
     # How far a and b have published, as the module's gateway (over a and b, following them live) heard it.
-    live = {
-        role: prefix_health(gateway)[name]["events"]["last_seq"] for role, name in (("a", "pool-0"), ("b", "pool-1"))
-    }
+    live = {role: prefix_health(gateway)[replicas.name(role)]["events"]["last_seq"] for role in ("a", "b")}
     joined = kv_gateway(replicas, ["a", "b", "late", "plain"], tmp_path)
     try:
-        names = {"a": "pool-0", "b": "pool-1", "late": "pool-2", "plain": "pool-3"}
+        names = {role: replicas.name(role) for role in ("a", "b", "late", "plain")}
         # ``complete`` is true from the first replayed batch on, while later ones are still being replayed: the
         # record has caught up once it reaches where the replicas have published.
         seen = wait_for(
@@ -368,43 +370,40 @@ def test_a_restarted_replica_is_cleared(replicas: Replicas, tmp_path: Path) -> N
     """Last in the module. The replica restarts on the same ports: its event numbers start again, the gateway
     drops what the old process held and predicts nothing for a prompt it held, exactly as the replica reports;
     then it follows the new process's events from the first."""
-    gateway = kv_gateway(replicas, ["a"], tmp_path)
+    gateway, a = kv_gateway(replicas, ["a"], tmp_path), replicas.name("a")
     try:
         followed = wait_for(
-            gateway, "a followed", lambda seen: seen["pool-0"]["source"] == "events", poke=lambda: ask(gateway, POKE)
+            gateway, "a followed", lambda seen: seen[a]["source"] == "events", poke=lambda: ask(gateway, POKE)
         )
-        start = counts(followed)["pool-0"]
+        start = counts(followed)[a]
         messages = conversation(60, 2)
         ask(gateway, messages)
         warm = ask(gateway, messages)
         assert warm.reason == "prefix_hit" and warm.cached_tokens >= HELD, warm
         before = prefix_health(gateway)
-        assert since(start, counts(before)["pool-0"]) == {"exact": 2, "over": 0, "under": 0}, before
+        assert since(start, counts(before)[a]) == {"exact": 2, "over": 0, "under": 0}, before
 
         restarting = time.monotonic()
         replicas.restart("a")
         print(f"restarted in {time.monotonic() - restarting:.0f} s")
         deadline = time.monotonic() + 30
-        while not httpx.get(gateway.url + "/health", timeout=30).json()["backends"]["pool-0"]["healthy"]:
+        while not httpx.get(gateway.url + "/health", timeout=30).json()["backends"][a]["healthy"]:
             assert time.monotonic() < deadline, "the restarted replica never came back"
             time.sleep(0.2)
         cold = ask(gateway, messages)
         assert cold.cached_tokens < BLOCK, cold
-        old_seq = before["pool-0"]["events"]["last_seq"]
+        old_seq = before[a]["events"]["last_seq"]
         seen = wait_for(
             gateway,
             "the new process's events followed from its first batch",
             # (the gateway may also follow it anew, having read the new process's description)
-            lambda seen: (
-                seen["pool-0"].get("events", {}).get("last_seq") in range(old_seq)
-                and seen["pool-0"]["events"]["complete"]
-            ),
+            lambda seen: seen[a].get("events", {}).get("last_seq") in range(old_seq) and seen[a]["events"]["complete"],
             seconds=10,
         )
-        assert seen["pool-0"]["source"] == "events", seen
+        assert seen[a]["source"] == "events", seen
         again = ask(gateway, messages)
         assert again.reason == "prefix_hit" and again.cached_tokens >= HELD, again
-        after = since(start, counts(prefix_health(gateway))["pool-0"])
+        after = since(start, counts(prefix_health(gateway))[a])
         assert cold.reason != "prefix_hit", cold
         assert after == {"exact": 4, "over": 0, "under": 0}, after
     finally:

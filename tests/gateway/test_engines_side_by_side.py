@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica, words
+from tests.support.gateway import TENANT_KEY, gateway_config, pool_of, start_gateway, start_replica, words
 from tests.support.procs import RunningProcess
 
 FAST = ("--time-scale", "0.05")
@@ -41,7 +41,7 @@ def test_both_engines_serve_one_route_and_each_is_read_its_own_way(mixed: Runnin
             model="chat", messages=[{"role": "user", "content": words(f"g{group}-", 400)}], max_tokens=2
         )
         homes[group] = raw.headers["x-spillgate-backend"]
-    assert set(homes.values()) == {"sgl-0", "vl-0"}, "new prefixes spread over both pools"
+    assert {pool_of(home) for home in homes.values()} == {"sgl", "vl"}, "new prefixes spread over both pools"
     for group, home in homes.items():
         raw = client.chat.completions.with_raw_response.create(
             model="chat", messages=[{"role": "user", "content": words(f"g{group}-", 400) + " again"}], max_tokens=2
@@ -50,9 +50,10 @@ def test_both_engines_serve_one_route_and_each_is_read_its_own_way(mixed: Runnin
         assert raw.headers["x-spillgate-backend"] == home and raw.headers["x-spillgate-reason"] == "prefix_hit"
         # vLLM reports whole 16-token blocks, SGLang every token but the last.
         assert usage.prompt_tokens_details.cached_tokens > 0.8 * usage.prompt_tokens
-        if home == "vl-0":
+        if pool_of(home) == "vl":
             assert usage.prompt_tokens_details.cached_tokens % 16 == 0
-    backends = httpx.get(mixed.url + "/health").json()["backends"]
-    assert (backends["sgl-0"]["engine"], backends["vl-0"]["engine"]) == ("sglang", "vllm")
-    assert backends["sgl-0"]["capabilities"]["max_running"] and backends["vl-0"]["capabilities"]["max_total_tokens"]
-    assert backends["sgl-0"]["degraded"] == backends["vl-0"]["degraded"] == []
+    by_pool = {pool_of(name): b for name, b in httpx.get(mixed.url + "/health").json()["backends"].items()}
+    sgl, vl = by_pool["sgl"], by_pool["vl"]
+    assert (sgl["engine"], vl["engine"]) == ("sglang", "vllm")
+    assert sgl["capabilities"]["max_running"] and vl["capabilities"]["max_total_tokens"]
+    assert sgl["degraded"] == vl["degraded"] == []

@@ -111,7 +111,7 @@ def test_an_edit_on_a_process_that_has_not_polled_yet_keeps_the_other_process_ed
     assert second.version > first.version
     assert replicas(second) == [FIRST, SECOND, THIRD]
     assert replicas(fleet_version(url)) == [FIRST, SECOND, THIRD]
-    assert [str(u) for u in two.state.config.pools[0].replicas] == [FIRST, SECOND, THIRD]
+    assert [r.url for r in two.state.config.pools[0].replicas] == [FIRST, SECOND, THIRD]
 
 
 def test_a_replica_edit_that_loses_the_race_to_publish_is_made_again_on_the_winner(
@@ -157,7 +157,7 @@ def test_a_whole_config_that_loses_the_race_to_publish_is_refused_with_a_conflic
     winner = fleet_version(url)
     assert replicas(winner) == [FIRST, SECOND] and winner.raw["routes"][0].get("policy") != "round_robin"
     assert two.live.current.version == winner.version, "the loser runs the winner's version"
-    assert [str(u) for u in two.state.config.pools[0].replicas] == [FIRST, SECOND]
+    assert [r.url for r in two.state.config.pools[0].replicas] == [FIRST, SECOND]
 
 
 def test_the_shared_history_file_holds_each_version_once_and_every_process_knows_every_version(
