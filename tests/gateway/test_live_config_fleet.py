@@ -8,8 +8,10 @@ lands "between two polls" of the other process: what the fleet then runs cannot 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -176,3 +178,58 @@ def test_the_shared_history_file_holds_each_version_once_and_every_process_knows
     assert [v.version for v in two.live.history()] == [1, 2, 3, 4]
     skipped = two.live.version(2)  # ``two`` went from version 1 to 3: version 2 is still there to roll back to
     assert skipped is not None and replicas(skipped) == [FIRST, SECOND]
+
+
+def test_a_replica_removed_on_one_process_renames_no_other_on_any_process_old_or_new(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first of three replicas removed by a whole-config edit on one process: the others keep their names and
+    what was learned of them there, on the process that follows the fleet, and a process started afterwards on
+    the latest version names them the same (state in Redis is keyed by those names)."""
+    monkeypatch.setattr(live_config, "_REDIS_POLL_S", 0.05)
+    config = {
+        "pools": [{"name": "blue", "served_model": "sim-model", "replicas": [FIRST, SECOND, THIRD]}],
+        "routes": [{"name": "chat", "targets": ["blue"]}],
+        "admin": {"keys": ["sk-fleet-admin"]},
+        "auth": {"required": False},
+        "state": {"data_dir": str(tmp_path / "data"), "key_prefix": "fleet-names"},
+    }
+    path = tmp_path / "spillgate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    kept = {SECOND: "blue/127.0.0.1:7002", THIRD: "blue/127.0.0.1:7003"}
+    with redis_url(tmp_path) as url:
+        redis.Redis.from_url(url).delete(*(f"fleet-names:config:{key}" for key in ("seq", "current", "versions")))
+        processes = [GatewayProcess(path, url), GatewayProcess(path, url)]
+        try:
+            one, two = processes
+            learned = {}
+            for process in processes:
+                assert names(process) == {FIRST: "blue/127.0.0.1:7001", **kept}
+                backends = {b.base_url: b for b in process.state.registry}
+                backends[SECOND].ttft_s = 0.25  # a measured TTFT
+                process.state.prefix.index.insert(kept[THIRD], [7, 8, 9])  # a prefix the third replica holds
+                learned[process] = backends
+            edited = copy.deepcopy(one.live.current.raw)
+            edited["pools"][0]["replicas"] = [SECOND, THIRD]
+            version = one.run(one.live.propose(edited, "admin:test"))
+            deadline = time.monotonic() + 10
+            while two.live.current.version != version.version:
+                assert time.monotonic() < deadline, "the other process never ran the edit"
+                time.sleep(0.05)
+            for process in processes:
+                assert names(process) == kept
+                backends = {b.base_url: b for b in process.state.registry}
+                assert all(backends[u] is learned[process][u] for u in kept), "the same backends, not new ones"
+                assert backends[SECOND].ttft_s == 0.25
+                assert process.state.prefix.index.match([7, 8, 9], [kept[THIRD]]) == {kept[THIRD]: 3}
+            processes.append(GatewayProcess(path, url))  # starts on the file, adopts the fleet's version
+            assert processes[-1].live.current.version == version.version
+            assert names(processes[-1]) == kept
+        finally:
+            for process in processes:
+                process.stop()
+
+
+def names(process: GatewayProcess) -> dict[str, str]:
+    """Each replica's name on ``process``, by its URL."""
+    return {backend.base_url: backend.name for backend in process.state.registry}
