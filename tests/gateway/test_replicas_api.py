@@ -232,3 +232,62 @@ def test_a_replica_added_at_a_listed_host_gets_the_pool_key(
         eventually(lambda: f"Bearer {REPLICA_KEY}" in listener.seen)
     finally:
         proc.stop()
+
+
+def test_draining_the_first_of_three_renames_no_other_and_keeps_what_was_learned_of_them(
+    replicas: list[RunningProcess], tmp_path: Path
+) -> None:
+    route = {"name": "static", "targets": ["static"], "policy": "cache_aware"}
+    pools = [{"name": "static", "served_model": "sim-model", "replicas": [r.url for r in replicas]}]
+    proc = serve(tmp_path, pools, routes=[route])
+    try:
+        first, *others = (replica_name(r, "static") for r in replicas)
+        for attempt in range(20):  # a long prompt the cache-aware route sends to a replica that stays
+            prompt = f"attempt {attempt}: " + "a long shared document, " * 150
+            home, _ = chat(proc, prompt)
+            if home != first:
+                break
+        assert home in others
+        assert chat(proc, prompt) == (home, "prefix_hit")
+        learned = httpx.get(proc.url + "/health").json()["backends"][home]
+
+        removed = remove(proc, "static", replicas[0].url)
+        assert removed.status_code == 200, removed.text
+        backends = httpx.get(proc.url + "/health").json()["backends"]
+        assert set(backends) == set(others), "the others kept their names"
+        assert (backends[home]["ttft_ms"], backends[home]["tpot_ms"]) == (learned["ttft_ms"], learned["tpot_ms"])
+        assert chat(proc, prompt) == (home, "prefix_hit"), "the prefix index still knows what it holds"
+
+        added = httpx.post(
+            f"{proc.url}/admin/pools/static/replicas",
+            json={"url": replicas[0].url, "name": "back"},
+            headers=ADMIN,
+            timeout=30,
+        )
+        assert added.status_code == 200, added.text
+        listed = httpx.get(proc.url + "/admin/backends", headers=ADMIN).json()["backends"]
+        assert {b["name"]: b["url"] for b in listed} == {
+            "static/back": replicas[0].url,
+            **{name: r.url for name, r in zip(others, replicas[1:], strict=True)},
+        }
+        refused = httpx.post(
+            f"{proc.url}/admin/pools/static/replicas",
+            json={"url": "http://127.0.0.1:9", "name": "back"},
+            headers=ADMIN,
+            timeout=30,
+        )
+        assert error(refused, 422, "invalid_config")["param"] == "pools.0.replicas.3.name"
+    finally:
+        proc.stop()
+
+
+def chat(gateway: RunningProcess, prompt: str) -> tuple[str, str]:
+    """Which backend answered ``prompt`` on route ``static``, and why it was chosen."""
+    response = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={"model": "static", "messages": [{"role": "user", "content": prompt}], "max_tokens": 2},
+        headers=TENANT,
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.headers["x-spillgate-backend"], response.headers["x-spillgate-reason"]
