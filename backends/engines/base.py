@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import httpx
@@ -35,18 +35,52 @@ class ReplicaLoad:
 @dataclass(frozen=True, slots=True)
 class KvEventSource:
     """Where a replica publishes its KV-cache events. A host of ``*`` (or ``0.0.0.0``, ``::``, empty) means the
-    replica binds on every interface: the gateway reaches it at the replica's own host."""
+    replica binds on every interface: the gateway reaches it at the replica's own host.
+
+    A data-parallel replica (SGLang's ``--dp-size``, vLLM's ``--data-parallel-size``) runs one scheduler, and
+    keeps one KV cache, per rank; rank r publishes on the endpoint's port + r, its replay socket likewise (both
+    engines' ``offset_endpoint_port``): :meth:`rank`."""
 
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
+    ranks: int | None = None
+    """Data-parallel ranks publishing; None where the config gives the endpoint and the replica's own report
+    says how many (:func:`with_ranks`)."""
 
     def at_host(self, host: str) -> KvEventSource:
         return KvEventSource(
             endpoint=_with_host(self.endpoint, host),
             replay_endpoint=None if self.replay_endpoint is None else _with_host(self.replay_endpoint, host),
             topic=self.topic,
+            ranks=self.ranks,
         )
+
+    def rank(self, rank: int) -> KvEventSource:
+        """Where data-parallel rank ``rank`` publishes."""
+        if rank == 0:
+            return self
+        replay = self.replay_endpoint
+        return KvEventSource(
+            endpoint=offset_port(self.endpoint, rank),
+            replay_endpoint=None if replay is None else offset_port(replay, rank),
+            topic=self.topic,
+            ranks=self.ranks,
+        )
+
+
+def offset_port(endpoint: str, rank: int) -> str:
+    """``tcp://host:port`` with the port moved up by ``rank``, as the engines place their ranks' sockets."""
+    address, _, port = endpoint.rpartition(":")
+    return f"{address}:{int(port) + rank}"
+
+
+def with_ranks(source: KvEventSource, reported: KvEventSource | None) -> KvEventSource:
+    """``source`` with its rank count settled: its own, else the one the replica reported, else 1."""
+    if source.ranks is not None:
+        return source
+    ranks = reported.ranks if reported is not None and reported.ranks else 1
+    return replace(source, ranks=ranks)
 
 
 _ANY_HOST = ("*", "0.0.0.0", "::", "[::]", "")
@@ -96,6 +130,7 @@ class ReplicaInfo:
             "chunked_prefill_size": self.prefill_batch_tokens or None,
             "context_window": self.context_window or None,
             "kv_events": None if self.kv_events is None else self.kv_events.endpoint,
+            "dp_size": None if self.kv_events is None else self.kv_events.ranks,
         }
 
 
@@ -113,6 +148,18 @@ class Engine(ABC):
     """Request fields a client must not set: the gateway owns them, or they reach beyond the request."""
     cache_report_flag: ClassVar[str | None] = None
     """The server flag that makes it report ``cached_tokens``, for the log and ``/health``."""
+    dp_rank_field: ClassVar[str | None] = None
+    """The body field that sends a request to one data-parallel rank of the replica (an owned field)."""
+    dp_rank_header: ClassVar[bytes | None] = None
+    """The header that does, for an engine that takes it there instead."""
+
+    def to_rank(self, payload: dict[str, Any], rank: int) -> tuple[tuple[bytes, bytes], ...]:
+        """Send ``payload`` to data-parallel rank ``rank``: sets the body field, or returns the header to add."""
+        if self.dp_rank_field is not None:
+            payload[self.dp_rank_field] = rank
+        if self.dp_rank_header is not None:
+            return ((self.dp_rank_header, str(rank).encode()),)
+        return ()
 
     @abstractmethod
     def parse_load(self, text: str) -> ReplicaLoad:

@@ -47,12 +47,17 @@ class SGLang(Engine):
         "lora_path",
         "custom_logit_processor",
         "data_parallel_rank",
+        "routed_dp_rank",
+        "disagg_prefill_dp_rank",
         "priority",
         "return_hidden_states",
     )
-    """They would name another host (disaggregation bootstrap), load files or code on the replica, jump the
-    queue, or collide with other requests' ids."""
+    """They would name another host (disaggregation bootstrap), load files or code on the replica, pick its
+    data-parallel rank (the gateway does, by the ranks' caches), jump the queue, or collide with other requests'
+    ids."""
     cache_report_flag: ClassVar[str | None] = "--enable-cache-report"
+    dp_rank_field: ClassVar[str | None] = "data_parallel_rank"
+    """Taken by every SGLang that routes by rank (``routed_dp_rank`` since 0.5.2x, where this name still works)."""
 
     def parse_load(self, text: str) -> ReplicaLoad:
         values = read_figures(text, summed=_SUMMED, peak=_PEAK, counters=_COUNTERS)
@@ -89,7 +94,7 @@ class SGLang(Engine):
             metrics=metrics,
             cache_report=cache_report,
             version=str(info.get("version") or ""),
-            kv_events=_kv_events(info.get("kv_events")),
+            kv_events=_kv_events(info.get("kv_events"), info.get("dp_size")),
             missing=tuple(missing),
         )
 
@@ -135,8 +140,9 @@ def effective_max_running(info: dict[str, Any]) -> int:
 register_engine(SGLang())
 
 
-def _kv_events(block: object) -> KvEventSource | None:
-    """``/server_info``'s ``kv_events``: the publisher's host and port (rank 0's; rank r publishes on port + r)."""
+def _kv_events(block: object, dp_size: object) -> KvEventSource | None:
+    """``/server_info``'s ``kv_events``: the publisher's host and base port, and how many data-parallel ranks
+    publish (its ``dp_size``, else the server's): rank r on port + r, each with its own cache."""
     if not isinstance(block, dict) or block.get("publisher", "zmq") != "zmq":
         return None
     host, port = block.get("endpoint_host"), block.get("endpoint_port_base")
@@ -146,8 +152,10 @@ def _kv_events(block: object) -> KvEventSource | None:
     host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     replay = block.get("replay_endpoint_port_base")
     topic = block.get("topic")
+    ranks = as_int(block.get("dp_size")) or as_int(dp_size)
     return KvEventSource(
         endpoint=f"tcp://{host}:{port}",
         replay_endpoint=f"tcp://{host}:{replay}" if isinstance(replay, int) and replay > 0 else None,
         topic=topic if isinstance(topic, str) else "",
+        ranks=max(1, ranks),
     )

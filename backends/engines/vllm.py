@@ -48,6 +48,8 @@ class VLLM(Engine):
     """Ids that could collide with other requests', queue jumping, and fields that would move KV cache to or
     from another host (disaggregated serving)."""
     cache_report_flag: ClassVar[str | None] = "--enable-prompt-tokens-details"
+    dp_rank_header: ClassVar[bytes | None] = b"x-data-parallel-rank"
+    """vLLM reads the rank from this header only (``X-data-parallel-rank``, ``entrypoints/generate/base``)."""
 
     def parse_load(self, text: str) -> ReplicaLoad:
         values = read_figures(text, summed=_SUMMED, peak=_PEAK, counters=_COUNTERS)
@@ -114,9 +116,24 @@ def _ranks_served(parallel: dict[str, Any]) -> int:
 
 
 def _kv_events(body: object) -> KvEventSource | None:
-    """``/kv_event_sources``: ``{rank: its --kv-events-config}``; rank 0's publisher. Only a publisher that binds
-    (``tcp://*:PORT``) can be reached: one given an explicit host connects out to a subscriber there instead."""
-    config = body.get("0") if isinstance(body, dict) else None
+    """``/kv_event_sources``: ``{rank: its --kv-events-config}``, each rank's endpoints already offset by its rank.
+    The first rank's publisher (rank 0's; a server behind an external load balancer lists only its own rank), and
+    as many ranks as follow it on the ports after (the rule both engines place them by; a rank elsewhere, and those
+    after it, are not followed). Only a publisher that binds (``tcp://*:PORT``) can be reached: one given an
+    explicit host connects out to a subscriber there instead."""
+    if not isinstance(body, dict):
+        return None
+    listed = sorted(int(key) for key in body if isinstance(key, str) and key.isdigit())
+    source = _rank_source(body.get(str(listed[0]))) if listed else None
+    if source is None:
+        return None
+    ranks = 1
+    while _rank_source(body.get(str(listed[0] + ranks))) == source.rank(ranks):
+        ranks += 1
+    return KvEventSource(source.endpoint, source.replay_endpoint, source.topic, ranks=ranks)
+
+
+def _rank_source(config: object) -> KvEventSource | None:
     if not isinstance(config, dict) or not config.get("enable_kv_cache_events") or config.get("publisher") != "zmq":
         return None
     endpoint, replay, topic = config.get("endpoint"), config.get("replay_endpoint"), config.get("topic")
