@@ -12,6 +12,9 @@ batch, in order, to a :class:`KvEventSink`, and keeps the sink's record whole:
   replica held in the past (a replica that has served for a while keeps thousands of batches, and replaying
   them takes seconds): the sink is told it is *catching up*, and routes without it until it has caught up.
 
+A data-parallel replica publishes each rank's cache on its own sockets, numbered on their own: one subscription
+per rank, each its own record in the sink.
+
 Nothing here waits on the request path: the sink applies events in this task.
 """
 
@@ -63,11 +66,24 @@ class KvEventSink(Protocol):
 
 
 class KvSubscriber:
-    """Follows one replica's events until :meth:`stop`; its counters are for ``/health``."""
+    """Follows one replica's events (one rank's, of a data-parallel replica) until :meth:`stop`; its counters are
+    for ``/health``. ``replica`` is the name the sink knows the record by."""
 
-    def __init__(self, replica: str, source: KvEventSource, sink: KvEventSink, context: zmq.asyncio.Context) -> None:
+    def __init__(
+        self,
+        replica: str,
+        source: KvEventSource,
+        sink: KvEventSink,
+        context: zmq.asyncio.Context,
+        *,
+        rank: int | None = None,
+    ) -> None:
         self.replica = replica
         self.source = source
+        self.rank = rank
+        """The data-parallel rank followed, when the replica has several: its batches should carry it."""
+        self.stamped_rank: int | None = None
+        """The rank the last batch carried, where it was not :attr:`rank` (the ports do not follow the ranks)."""
         self._sink = sink
         self._context = context
         self._task: asyncio.Task[None] | None = None
@@ -95,7 +111,11 @@ class KvSubscriber:
                 await self._task
 
     def status(self) -> dict[str, object]:
+        shown: dict[str, object] = {} if self.rank is None else {"rank": self.rank}
+        if self.stamped_rank is not None:
+            shown["stamped_rank"] = self.stamped_rank
         return {
+            **shown,
             "endpoint": self.source.endpoint,
             "replay": self.source.replay_endpoint,
             "last_seq": self.last_seq,
@@ -187,6 +207,15 @@ class KvSubscriber:
             log.warning("KV events of %s: batch %d unreadable (%s); rebuilding", self.replica, seq, exc)
             self._lost()
         else:
+            if self.rank is not None and batch.rank != self.rank and self.stamped_rank != batch.rank:
+                log.warning(
+                    "KV events at %s carry rank %d, not %d: the ranks do not publish on the port + rank the gateway "
+                    "follows them at",
+                    self.source.endpoint,
+                    batch.rank,
+                    self.rank,
+                )
+                self.stamped_rank = batch.rank
             self._sink.apply(self.replica, batch)
             self.batches += 1
             if batch.ts and live:  # a replayed batch is as old as the gap it fills

@@ -85,8 +85,9 @@ class SharedPrefixIndex:
         self.applied = 0
         self.prefills: RemotePrefills | None = None
         """Told of the prefills other processes announce; ``None`` ignores them."""
-        self.sent_elsewhere: Callable[[str, Sequence[int]], None] | None = None
-        """Told of each request another process sent (live entries only), for replicas matched on their events."""
+        self.sent_elsewhere: Callable[[str, Sequence[int], int], None] | None = None
+        """Told of each request another process sent (live entries only) and the data-parallel rank it went to
+        (an insert's ``depth``), for replicas matched on their events."""
         self._announced = 0
         self._replay_end: tuple[int, int] | None = None
         """The newest entry when this process started following: announcements up to it are history."""
@@ -94,6 +95,7 @@ class SharedPrefixIndex:
     # Called on the request path: cheap, never waits. ---------------------------------------------
 
     def publish(self, op: Operation, replica: str, hashes: Sequence[int] = (), depth: int = 0) -> None:
+        """``depth``: a forget's depth, an announcement's number, or the data-parallel rank an insert went to."""
         self._outbox.append((op.encode(), replica.encode(), array("Q", hashes).tobytes(), str(depth).encode()))
 
     def announce(self, replica: str, hashes: Sequence[int]) -> int | None:
@@ -201,7 +203,7 @@ class SharedPrefixIndex:
         if op == b"insert":
             self.index.insert_if_known(replica, hashes)
             if live and self.sent_elsewhere is not None:
-                self.sent_elsewhere(replica, hashes)
+                self.sent_elsewhere(replica, hashes, int(fields.get(b"d", b"0")))
         elif op == b"forget":
             self.index.forget_after(replica, hashes, int(fields[b"d"]))
         elif op == b"clear":

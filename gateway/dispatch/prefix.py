@@ -11,6 +11,12 @@ restarted replica starts empty. A replica whose events are incomplete (the gatew
 it had cached things, events were lost and cannot be replayed) is matched on both, the longer match winning. A
 replica whose record is catching up (replaying the engine's history, which passes through what it held minutes
 ago) is matched on the belief alone until its record shows the present.
+
+A data-parallel replica keeps one KV cache per rank, each publishing its own events: each rank has its own record
+(:func:`rank_record`). The replica's match is its best rank's, and the request is sent to that rank
+(:mod:`policies.dp_rank`, among equal ranks the least loaded by this gateway's requests there); a rank whose
+record catches up counts as holding nothing meanwhile, and the belief, which cannot tell ranks apart, is matched
+only while every rank catches up.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from spillgate.cache.shared_index import SharedPrefixIndex
 from spillgate.cache.tokens import PromptIds
 from spillgate.gateway.dispatch.coalesce import Lead
 from spillgate.gateway.serving.validation import CHARS_PER_TOKEN
+from spillgate.policies.dp_rank import choose_rank
 
 _BLOCK_SLACK = 1
 """Blocks of disagreement tolerated before a report counts as a miss (templates add a few tokens)."""
@@ -50,6 +57,20 @@ class Fingerprint:
     unused_belief: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
     """For replicas matched on their events: what the belief would have predicted, to count how it would have
     fared (``belief_unused`` in the prediction counts)."""
+    rank_depths: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, hash=False)
+    """For data-parallel replicas matched on their events: the leading blocks each rank holds, from which
+    :meth:`PrefixTracker.dispatched` picks the rank."""
+
+
+def rank_record(replica: str, rank: int) -> str:
+    """The name one data-parallel rank's record goes by in the engine index and the recent sends: the replica's
+    own for rank 0 (the only one of a replica without data parallelism), ``replica#rank`` for the others (no
+    replica's name holds a ``#``)."""
+    return replica if rank == 0 else f"{replica}#{rank}"
+
+
+def _replica_of(record: str) -> str:
+    return record.partition("#")[0]
 
 
 class PrefixTracker:
@@ -75,10 +96,18 @@ class PrefixTracker:
         )
         """What replicas hold by their own KV-cache events; None unless prompts are cut into the engine's ids."""
         self.recent = RecentlySent()
+        self._ranks: dict[str, tuple[str, ...]] = {}
+        """Replicas whose events are followed -> their ranks' records (:func:`rank_record`), one without data
+        parallelism."""
         self._fed: dict[str, bool] = {}
-        """Replicas whose events are followed -> whether their record is complete."""
+        """Each followed rank's record -> whether it is complete."""
         self._behind: set[str] = set()
-        """Followed replicas whose record is catching up (:meth:`catching_up`): matched on the belief meanwhile."""
+        """Records catching up (:meth:`catching_up`): a replica whose every rank catches up is matched on the
+        belief meanwhile."""
+        self._outstanding: dict[str, list[int]] = {}
+        """Data-parallel replicas -> this process's requests in flight at each rank (:meth:`dispatched`)."""
+        self._turns: dict[str, int] = {}
+        """Data-parallel replicas -> the rank preferred first among equals, moved past each one chosen."""
         self.predictions: dict[tuple[str, str, str], int] = {}
         """(replica, source, outcome) -> requests: how predicted cached blocks compared with the replica's report."""
 
@@ -121,38 +150,83 @@ class PrefixTracker:
     def matched_blocks(self, fingerprint: Fingerprint, replicas: Iterable[str]) -> dict[str, int]:
         hashes = fingerprint.hashes
         depths = self.index.match(hashes, replicas)
-        fed, behind = self._fed, self._behind
-        if fed and self.exact is not None:
-            followed = [name for name in depths if name in fed and name not in behind]
-            if followed:
-                exact = self.exact.match(hashes, followed)
-                recent = self.recent.match(hashes, followed)
+        ranks, behind = self._ranks, self._behind
+        if ranks and self.exact is not None:
+            followed = [name for name in depths if name in ranks]
+            records = [record for name in followed for record in ranks[name] if record not in behind]
+            if records:
+                exact = self.exact.match(hashes, records)
+                recent = self.recent.match(hashes, records)
+                whole = self.exact.in_whole_engine_blocks
+                fed = self._fed
                 for name in followed:
-                    depth = max(exact[name], self.exact.in_whole_engine_blocks(name, recent.get(name, 0)))
-                    fingerprint.unused_belief[name] = depths[name]
-                    depths[name] = depth if fed[name] else max(depth, depths[name])
+                    own = ranks[name]
+                    if len(own) == 1:
+                        if name in behind:
+                            continue
+                        depth = max(exact[name], whole(name, recent.get(name, 0)))
+                        fingerprint.unused_belief[name] = depths[name]
+                        depths[name] = depth if fed[name] else max(depth, depths[name])
+                        continue
+                    per_rank = tuple(
+                        0 if record in behind else max(exact[record], whole(record, recent.get(record, 0)))
+                        for record in own
+                    )
+                    fingerprint.rank_depths[name] = per_rank
+                    if any(record not in behind for record in own):
+                        fingerprint.unused_belief[name] = depths[name]
+                        depths[name] = max(per_rank)
         return depths
 
     def source(self, replica: str) -> str:
-        """What the replica's prediction comes from: ``events``, ``events+belief`` (incomplete events) or ``belief``."""
-        complete = self._fed.get(replica)
-        if complete is None or replica in self._behind:
+        """What the replica's prediction comes from: ``events``, ``events+belief`` (incomplete events, or some
+        ranks catching up) or ``belief``."""
+        own = self._ranks.get(replica)
+        if own is None:
             return "belief"
-        return "events" if complete else "events+belief"
+        caught_up = [record not in self._behind for record in own]
+        if not any(caught_up):
+            return "belief"
+        return "events" if all(caught_up) and all(self._fed[record] for record in own) else "events+belief"
 
-    # KV-cache events (:class:`~backends.kv_subscriber.KvEventSink`) -------------------------------
+    def ranks(self, replica: str) -> int:
+        """Data-parallel ranks of ``replica`` whose events are followed; 0 when none are."""
+        return len(self._ranks.get(replica, ()))
 
-    def follow(self, replica: str) -> None:
-        """Events of ``replica`` are followed from now on; its record starts empty, incomplete and behind."""
-        if self.exact is not None and replica not in self._fed:
-            self.exact.add(replica)
-            self._fed[replica] = False
-            self._behind.add(replica)
+    def outstanding(self, replica: str) -> list[int]:
+        """This process's requests in flight at each rank of a data-parallel replica (``[]`` for others)."""
+        return list(self._outstanding.get(replica, ()))
+
+    # KV-cache events (:class:`~backends.kv_subscriber.KvEventSink`), named by each rank's record -----
+
+    def follow(self, replica: str, ranks: int = 1) -> None:
+        """Events of ``replica``'s ``ranks`` data-parallel ranks are followed from now on; each rank's record
+        (:func:`rank_record`) starts empty, incomplete and behind."""
+        exact = self.exact
+        if exact is None or self.ranks(replica) == ranks:
+            return
+        self.unfollow(replica)
+        records = tuple(rank_record(replica, rank) for rank in range(ranks))
+        self._ranks[replica] = records
+        for record in records:
+            exact.add(record)
+            self._fed[record] = False
+            self._behind.add(record)
+        if ranks > 1:
+            self._outstanding[replica] = [0] * ranks
+            self._turns[replica] = 0
 
     def unfollow(self, replica: str) -> None:
-        self._behind.discard(replica)
-        if self._fed.pop(replica, None) is not None and self.exact is not None:
-            self.exact.remove(replica)
+        records = self._ranks.pop(replica, ())
+        for record in records:
+            self._behind.discard(record)
+            del self._fed[record]
+            if self.exact is not None:
+                self.exact.remove(record)
+            if record != replica:
+                self.recent.forget(record)
+        self._outstanding.pop(replica, None)
+        self._turns.pop(replica, None)
 
     def catching_up(self, replica: str, behind: bool) -> None:
         """While a replay runs, the record goes through the replica's past: a prefix it held and evicted minutes
@@ -188,26 +262,49 @@ class PrefixTracker:
         self.exact.clear(replica)
         self._fed[replica] = complete
         if complete:  # a new process: the belief about the old one is wrong too
-            self.index.clear(replica)
+            self.index.clear(_replica_of(replica))
             self.recent.forget(replica)
 
     # Requests -------------------------------------------------------------------------------------
 
-    def sent_elsewhere(self, replica: str, hashes: Sequence[int]) -> None:
-        """Another gateway process sent ``replica`` these blocks: until the replica's events tell, count them as
-        this process counts its own, so two processes do not place one new prefix on two replicas."""
-        if replica in self._fed:
-            self.recent.sent(replica, hashes)
+    def sent_elsewhere(self, replica: str, hashes: Sequence[int], rank: int = 0) -> None:
+        """Another gateway process sent ``replica`` (its data-parallel rank ``rank``) these blocks: until the
+        replica's events tell, count them as this process counts its own, so two processes do not place one new
+        prefix on two replicas."""
+        own = self._ranks.get(replica)
+        if own is not None and 0 <= rank < len(own):
+            self.recent.sent(own[rank], hashes)
 
-    def dispatched(self, replica: str, fingerprint: Fingerprint) -> None:
-        """``replica`` will hold this prompt once prefilled; hosted backends have no cache we track."""
+    def dispatched(self, replica: str, fingerprint: Fingerprint) -> int | None:
+        """``replica`` will hold this prompt once prefilled; hosted backends have no cache we track. Returns the
+        data-parallel rank it is to be sent to (None for a replica without data parallelism followed): to be
+        told to the replica, and to :meth:`settled` when the request ends."""
+        own = self._ranks.get(replica)
+        rank = self._choose_rank(replica, fingerprint) if own is not None and len(own) > 1 else None
         if not self.index.knows(replica):
-            return
-        if replica in self._fed:
-            self.recent.sent(replica, fingerprint.hashes)
+            return rank
+        if own is not None:
+            self.recent.sent(own[rank or 0], fingerprint.hashes)
         self.index.insert(replica, fingerprint.hashes)
         if self.shared is not None:
-            self.shared.publish("insert", replica, fingerprint.hashes)
+            self.shared.publish("insert", replica, fingerprint.hashes, rank or 0)
+        return rank
+
+    def settled(self, replica: str, rank: int) -> None:
+        """A request :meth:`dispatched` to ``rank`` of ``replica`` ended, however."""
+        counts = self._outstanding.get(replica)
+        if counts is not None and rank < len(counts) and counts[rank] > 0:
+            counts[rank] -= 1
+
+    def _choose_rank(self, replica: str, fingerprint: Fingerprint) -> int:
+        counts = self._outstanding[replica]
+        depths = fingerprint.rank_depths.get(replica)
+        if depths is None or len(depths) != len(counts):
+            depths = (0,) * len(counts)  # nothing matched on the ranks' events: by load, then in turn
+        rank = choose_rank(depths, counts, self._turns[replica])
+        self._turns[replica] = rank + 1
+        counts[rank] += 1
+        return rank
 
     def announce(self, replica: str, lead: Lead) -> None:
         """``lead`` was sent to ``replica`` (or is held for it) and computes new blocks there once its prefill batch
@@ -271,14 +368,17 @@ class PrefixTracker:
             del self.predictions[key]
 
     def restarted(self, replica: str) -> None:
-        """The replica is a new process (it refused connections, or its counters started again): its cache is gone."""
+        """The replica is a new process (it refused connections, or its counters started again): its cache is gone,
+        every rank's."""
         self.index.clear(replica)
         self.recent.forget(replica)
-        if replica in self._fed and self.exact is not None:
-            # Also for a replica followed by its events: vLLM publishes nothing until the new process stores its
-            # first blocks, and a request decided before then must not count on the old process's cache. A
-            # probe noticing the restart late may drop the new process's first blocks: an under-prediction
-            # until they are stored again, never an over-prediction.
-            self.exact.clear(replica)
+        for record in self._ranks.get(replica, ()):
+            self.recent.forget(record)
+            if self.exact is not None:
+                # Also for a replica followed by its events: vLLM publishes nothing until the new process stores
+                # its first blocks, and a request decided before then must not count on the old process's cache.
+                # A probe noticing the restart late may drop the new process's first blocks: an
+                # under-prediction until they are stored again, never an over-prediction.
+                self.exact.clear(record)
         if self.shared is not None:
             self.shared.publish("clear", replica)

@@ -93,6 +93,7 @@ class DispatchTicket:
         "_started",
         "_streamed_text",
         "backend",
+        "dp_rank",
         "first_token_at",
         "lead",
         "output_tokens",
@@ -138,6 +139,9 @@ class DispatchTicket:
         self.sent_to_busy = False
         self.first_token_at = 0.0
         self.usage: Mapping[str, Any] | None = None
+        self.dp_rank: int | None = None
+        """The data-parallel rank of the replica the request is sent to, chosen by its ranks' caches; None for a
+        replica without data parallelism followed (its engine picks)."""
 
     # -- booking and settling
 
@@ -152,7 +156,7 @@ class DispatchTicket:
         own.pending_prefill_tokens += self.uncached
         prefix, fingerprint = self._dispatcher.prefix, self._fingerprint
         if fingerprint is not None:
-            prefix.dispatched(backend.name, fingerprint)
+            self.dp_rank = prefix.dispatched(backend.name, fingerprint)
         if self._prefill_order:
             # Streams only: a whole response shows its first token at the end, long after its prefill.
             self.lead = self._dispatcher.prefilling.sent(
@@ -182,6 +186,8 @@ class DispatchTicket:
         if fingerprint is None:
             return
         prefix, name = self._dispatcher.prefix, self.backend.name
+        if self.dp_rank is not None:
+            prefix.settled(name, self.dp_rank)
         if not self.first_token_at:
             prefix.failed(name, fingerprint, self._matched_blocks)
         elif self.usage is not None:

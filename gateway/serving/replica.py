@@ -73,6 +73,8 @@ class ReplicaUpstream:
             payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
         try:
             headers = backend.request_headers
+            if call.ticket.dp_rank is not None:
+                headers += backend.engine.to_rank(payload, call.ticket.dp_rank)
             if call.attempt.upstream_trace:
                 headers += call.attempt.upstream_trace  # the client's trace, or this gateway's span in it
             response = await self._client.post(backend.base_url, call.path, orjson.dumps(payload), headers)
