@@ -342,6 +342,12 @@ def test_a_chat_ending_with_the_assistants_turn_is_predicted_exactly(gateway: Ru
     """A client may end a chat with a long assistant message (a reply for the model to go on with): sent twice,
     the second is predicted as the replica reports it. SGLang renders that message as the user's (unless the
     request continues it), vLLM as the assistant's; the gateway renders as the route's engine does."""
+    wait_for(
+        gateway,
+        "both replicas followed",
+        lambda seen: set(sources(seen).values()) == {"events"} and len(seen) == 2,
+        poke=lambda: ask(gateway, POKE, "chat-rr"),
+    )
     messages = conversation(70, 1)
     messages[-1] = {"role": "assistant", "content": " ".join(f"draft{i}" for i in range(60))}
     before = counts(prefix_health(gateway))
