@@ -42,6 +42,8 @@ test-engines: engines redis-server
 
 capture-fixtures: engines
 	$(PY) -m tests.engines.capture
+	$(PY) -m tests.engines.capture --features
+	$(PY) -m tests.engines.capture --responses
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check gateway policies backends cache tests
