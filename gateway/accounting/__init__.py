@@ -30,14 +30,17 @@ usage), ``spend_all(limits_by_tenant)``, ``series(tenant, hours=, bucket_s=)`` -
 Guarantees: check-and-reserve is atomic (one Lua script in Redis; no await in-process), so concurrent
 reservations never admit past a budget. Entries are in the SQLite file once :meth:`Accountant.flush` or
 :meth:`Accountant.stop` return (the background writer commits within a batch otherwise), and reach Redis
-exactly once (idempotent ids), after an outage too. While Redis is away, ``fail_open=True`` admits within
-this process's share of what was left when it last saw the shared totals; ``fail_open=False`` refuses
-tenants with a budget. A Redis that comes back empty is refused by every budget write (each carries its
-process's epoch) until the process has put back its ledger, outbox and open holds (:mod:`.rebuild`).
+exactly once (idempotent ids), after an outage too; settles reach it in batches a few milliseconds apart,
+each hold dropped in the same atomic step that counts its entry (this process's reads send what waits
+first). While Redis is away, ``fail_open=True`` admits within this process's share of what was left when it
+last saw the shared totals; ``fail_open=False`` refuses tenants with a budget. A Redis that comes back empty
+is refused by every budget write (each carries its process's epoch) until the process has put back its
+ledger, outbox and open holds (:mod:`.rebuild`).
 
 Modules: :mod:`.limits` (limits, refusals, UTC windows), :mod:`.gcra` (rate limits), :mod:`.quota`
-(interface, in-process), :mod:`.quota_redis` + :mod:`.scripts` + :mod:`.redis_keys` (Redis), :mod:`.ledger`
-(file), :mod:`.shipper` (outbox replay), :mod:`.rollup` + :mod:`.spend_redis` + :mod:`.report` (reads).
+(interface, in-process), :mod:`.quota_redis` + :mod:`.scripts` + :mod:`.redis_keys` (Redis),
+:mod:`.batches` (settles sent to Redis together), :mod:`.ledger` (file), :mod:`.shipper` (outbox replay),
+:mod:`.rollup` + :mod:`.spend_redis` + :mod:`.report` (reads).
 """
 
 from .accountant import Accountant

@@ -33,8 +33,9 @@ class Accountant:
 
     Without ``redis`` everything is in this process and the ledger file. With it, quotas and rollups are
     shared by every process using the same ``key_prefix``; ``fail_open`` picks what happens to requests
-    under a budget while Redis is away (see :mod:`.quota_redis`). The Redis client stays the caller's to
-    close (after :meth:`stop`); build it with :func:`~.quota_redis.make_client`."""
+    under a budget while Redis is away (see :mod:`.quota_redis`); settles go to Redis in batches, at most
+    ``book_interval_s`` apart. The Redis client stays the caller's to close (after :meth:`stop`); build it
+    with :func:`~.quota_redis.make_client`."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class Accountant:
         retain_days: float = 62.0,
         replay_interval_s: float = 0.5,
         epoch_check_s: float = 2.0,
+        book_interval_s: float = 0.02,
     ) -> None:
         self.ledger = Ledger(ledger_path, retain_days=retain_days)
         self.rollup = Rollup(series_hours=series_hours)
@@ -64,6 +66,7 @@ class Accountant:
                 fail_open=fail_open,
                 hold_ttl_s=hold_ttl_s,
                 series_ttl_s=series_ttl_s,
+                book_interval_s=book_interval_s,
             )
             self.quota = self.shared
             path = Path(ledger_path)
@@ -99,6 +102,8 @@ class Accountant:
 
     async def stop(self) -> None:
         """Finish pending settles, replay what can be, and commit every queued entry to the file."""
+        if self.shared is not None:
+            self.shared.bookings.stop_waiting()
         while self._settling:
             await asyncio.gather(*self._settling, return_exceptions=True)
         if self._shipper is not None:
@@ -239,6 +244,7 @@ class Accountant:
         """Today's and this month's spend of ``tenant`` (all processes' when shared), and its rate usage."""
         now = _now(now)
         if self.shared is not None and not self.shared.down:
+            await self.shared.booked()
             try:
                 shared = await read_tenant(self.shared.client, self.shared.keys, tenant, limits, now)
             except OUTAGE_ERRORS as exc:
@@ -299,6 +305,7 @@ class Accountant:
         until = _now(now)
         since = until - hours * 3600
         if self.shared is not None and not self.shared.down:
+            await self.shared.booked()
             try:
                 return await read_series(self.shared.client, self.shared.keys, tenant, since, until, bucket_s)
             except OUTAGE_ERRORS as exc:

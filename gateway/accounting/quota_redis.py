@@ -2,12 +2,19 @@
 
 Check-and-reserve is one Lua script (EVALSHA), so concurrent reservations from any number of processes
 never admit past a budget; settling is a second script that drops the hold and counts the ledger entry
-in the rollups once (its id is the idempotency key). Counted ids are kept per 10-minute slot of the entry's
-time for ``ids_ttl_s`` (2 h): a replay needs them only for the few entries whose count reached Redis but
-whose answer was lost, replayed once Redis answers again, so Redis holds hours of ids, not days (about 75
-bytes each: 8 days of them at 100 requests/s were ~5 GB). An outage longer than that can count those few
-entries twice; every other entry of the outbox still counts once. Budgets compare the rollups (settled spend, exactly
-what ``/v1/spend`` shows) plus open holds, so replaying entries booked during an outage reconciles them.
+in the rollups once (its id is the idempotency key). Settles are sent in batches (:mod:`.batches`, every
+``book_interval_s``): one script call per tenant and UTC day for a whole batch, which adds the rollups up
+once, so a request costs Redis two commands (its id, its stream entry) plus its share of the batch's thirty,
+where it cost thirty on its own. A hold stays in Redis until its settle is sent, so waiting errs on the
+budget's side, and each hold is still dropped in the same atomic step that counts its entry. A tenant with
+no limit and no budget is not reserved in Redis at all: there is nothing to enforce.
+
+Counted ids are kept per 10-minute slot of the entry's time for ``ids_ttl_s`` (2 h): a replay needs them
+only for the few entries whose count reached Redis but whose answer was lost, replayed once Redis answers
+again, so Redis holds hours of ids, not days (about 75 bytes each: 8 days of them at 100 requests/s were
+~5 GB). An outage longer than that can count those few entries twice; every other entry of the outbox still
+counts once. Budgets compare the rollups (settled spend, exactly what ``/v1/spend`` shows) plus open holds,
+so replaying entries booked during an outage reconciles them.
 
 While this process does not share the budgets (:attr:`RedisQuota.down`: Redis is unreachable, or came
 back without the rollups, or this process has not joined it yet), the hot path stops calling it:
@@ -26,20 +33,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from . import scripts
+from .batches import Batches
 from .limits import (
     QuotaExceeded,
     TenantLimits,
     budget_refusal,
-    day_start,
     day_tag,
     ids_slot_tag,
     month_tag,
@@ -67,6 +76,23 @@ _LIMIT_NAMES = (
     "hosted_usd_per_month",
 )
 _MODE_DROP, _MODE_SETTLE, _MODE_RELEASE = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """What one settle, release or replay does in Redis: drop ``hold_id`` (if any) the ``mode`` way and count
+    ``entry`` (if any) once, at ``now``."""
+
+    tenant: str
+    entry: LedgerEntry | None
+    hold_id: str
+    mode: int
+    now: float
+
+    @property
+    def at(self) -> float:
+        """The time whose UTC day, month and id slot the entry is counted in."""
+        return self.entry.time if self.entry is not None else self.now
 
 
 def make_client(url: str, *, timeout_s: float = 0.5, max_connections: int = 64) -> aioredis.Redis:
@@ -108,6 +134,7 @@ class RedisQuota:
         series_ttl_s: int = 2 * 86_400,
         ids_ttl_s: int = 2 * 3600,
         stream_maxlen: int = 100_000,
+        book_interval_s: float = 0.02,
     ) -> None:
         self.client = client
         self.local = local or LocalQuota()
@@ -119,6 +146,8 @@ class RedisQuota:
         self._record = client.register_script(scripts.RECORD)
         self._hold = client.register_script(scripts.HOLD)
         self._known_tenants: set[str] = set()
+        self.bookings: Batches[Booking] = Batches(self._send_bookings, interval_s=book_interval_s)
+        """Settles, releases and counts on their way to Redis (:meth:`booked` sends them at once)."""
         self.key_quota = KeyQuota(client, key_prefix)
         """Managed keys' own limits, held besides their tenants' (in Redis too)."""
         self.down = True
@@ -357,71 +386,78 @@ class RedisQuota:
         return False
 
     async def _try_record(self, tenant: str, entry: LedgerEntry | None, hold_id: str, mode: int, now: float) -> bool:
-        """:meth:`run_record` unless Redis is away; False when it is, or fails now."""
+        """Book it in Redis with the next batch unless Redis is away; False when it is, or the batch fails."""
         if self.down:
             return False
+        return await self.bookings.send(Booking(tenant, entry, hold_id, mode, now))
+
+    async def booked(self) -> None:
+        """Send the bookings that wait now: this process's reads then see every settle it has made."""
+        await self.bookings.flush()
+
+    async def _send_bookings(self, bookings: Sequence[Booking]) -> bool:
+        if self.down:
+            return False
+        new = {b.tenant for b in bookings if b.entry is not None} - self._known_tenants
+        calls = self._record_calls(bookings)
         try:
-            await self.run_record(tenant, entry, hold_id, mode, now)
+            if len(calls) == 1 and not new:  # the usual batch: one round trip (a pipeline adds SCRIPT EXISTS)
+                await self._record(keys=calls[0][0], args=calls[0][1])
+            else:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for keys, args in calls:
+                        await self._record(keys=keys, args=args, client=pipe)
+                    if new:
+                        pipe.sadd(self.keys.tenants, *new)
+                    await pipe.execute()
         except OUTAGE_ERRORS as exc:
             self.lost(exc)
             return False
+        self._known_tenants |= new
         return True
 
-    async def run_record(
-        self,
-        tenant: str,
-        entry: LedgerEntry | None,
-        hold_id: str,
-        mode: int,
-        now: float,
-        client: aioredis.Redis | None = None,
-    ) -> None:
-        """Drop ``hold_id`` (if any) and count ``entry`` (if any) once, atomically."""
-        at = entry.time if entry else now
-        day, keys = day_tag(at), self.keys
+    async def run_records(self, bookings: Sequence[Booking], pipe: Pipeline) -> None:
+        """Queue on ``pipe`` the script calls that drop the holds of ``bookings`` and count their entries."""
+        for keys, args in self._record_calls(bookings):
+            await self._record(keys=keys, args=args, client=pipe)
+
+    def _record_calls(self, bookings: Sequence[Booking]) -> list[tuple[list[str], list[str | int | bytes]]]:
+        """The record script's keys and arguments: one call per tenant, UTC day and id slot of ``bookings``,
+        which drops their holds and counts their entries once each, atomically."""
+        groups: dict[tuple[str, str, str, str], list[Booking]] = {}
+        for booking in bookings:
+            at = booking.at
+            groups.setdefault((booking.tenant, day_tag(at), month_tag(at), ids_slot_tag(at)), []).append(booking)
+        keys = self.keys
         day_ttl, month_ttl, series_ttl, ids_ttl, maxlen = self._ttls
-        args: list[str | int | bytes] = [keys.base(tenant), _micros(now), hold_id, mode, entry.tokens if entry else 0]
-        if entry is None:
-            args += ["", "", "", 0, 0, 0, 0, 0, 0, b""]
-        else:
-            args += [
-                entry.entry_id,
-                entry.kind,
-                entry.backend,
-                to_nano(entry.cost_usd),
-                to_nano(entry.hosted_equivalent_usd),
-                entry.prompt_tokens,
-                entry.cached_tokens,
-                entry.completion_tokens,
-                int((at - day_start(at)) // 60),
-                orjson.dumps(entry.to_dict()),
-            ]
-        await self._record(
-            keys=[
+        calls: list[tuple[list[str], list[str | int | bytes]]] = []
+        for (tenant, day, month, slot), group in groups.items():
+            args: list[str | int | bytes] = [keys.base(tenant), _micros(max(b.now for b in group))]
+            args += [day_ttl, month_ttl, series_ttl, ids_ttl, maxlen, self.epoch]
+            for booking in group:
+                args += _booking_args(booking)
+            script_keys = [
                 keys.day(tenant, day),
-                keys.month(tenant, month_tag(at)),
+                keys.month(tenant, month),
                 keys.rate(tenant),
                 keys.holds(tenant),
                 keys.hold_expiry(tenant),
                 keys.series(tenant, day),
-                keys.ids(tenant, ids_slot_tag(at)),
+                keys.ids(tenant, slot),
                 keys.stream(tenant),
                 keys.epoch,
-            ],
-            args=[*args, day_ttl, month_ttl, series_ttl, ids_ttl, maxlen, self.epoch],
-            client=client,
-        )
-        if entry is not None and tenant not in self._known_tenants and client is None:
-            await self.client.sadd(keys.tenants, tenant)
-            self._known_tenants.add(tenant)
+            ]
+            calls.append((script_keys, args))
+        return calls
 
     # Replay (called by the shipper) --------------------------------------------------------------------
 
     async def replay(self, rows: Sequence[tuple[LedgerEntry, str]], now: float) -> None:
         """Count entries booked while Redis was away (and drop the holds they settle), in one pipeline."""
         async with self.client.pipeline(transaction=False) as pipe:
-            for entry, hold_id in rows:
-                await self.run_record(entry.tenant, entry, hold_id, _MODE_DROP, now, client=pipe)
+            await self.run_records(
+                [Booking(entry.tenant, entry, hold_id, _MODE_DROP, now) for entry, hold_id in rows], pipe
+            )
             pipe.sadd(self.keys.tenants, *{entry.tenant for entry, _ in rows})
             await pipe.execute()
 
@@ -463,10 +499,14 @@ class RedisQuota:
             done.update(r.id for r in batch)
 
     async def replay_releases(self, now: float) -> None:
-        while self.pending_releases:
-            reservation = self.pending_releases[0]
-            await self.run_record(reservation.tenant, None, reservation.id, _MODE_DROP, now)
-            self.pending_releases.pop(0)
+        """Drop the Redis holds of the reservations released while Redis was away, in one pipeline."""
+        if not self.pending_releases:
+            return
+        releases = list(self.pending_releases)
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self.run_records([Booking(r.tenant, None, r.id, _MODE_DROP, now) for r in releases], pipe)
+            await pipe.execute()
+        del self.pending_releases[: len(releases)]
 
     async def probe(self) -> bool:
         try:
@@ -474,3 +514,26 @@ class RedisQuota:
         except OUTAGE_ERRORS:
             return False
         return True
+
+
+def _booking_args(booking: Booking) -> list[str | int | bytes]:
+    """The 14 values of one booking in the record script's ARGV."""
+    head: list[str | int | bytes] = [_micros(booking.now), booking.hold_id, booking.mode]
+    entry = booking.entry
+    if entry is None:
+        return [*head, 0, "", "", "", 0, 0, 0, 0, 0, 0, b""]
+    at = entry.time
+    return [
+        *head,
+        entry.tokens,
+        entry.entry_id,
+        entry.kind,
+        entry.backend,
+        to_nano(entry.cost_usd),
+        to_nano(entry.hosted_equivalent_usd),
+        entry.prompt_tokens,
+        entry.cached_tokens,
+        entry.completion_tokens,
+        int(at % 86_400 // 60),  # minute of the UTC day
+        orjson.dumps(entry),
+    ]

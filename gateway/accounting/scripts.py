@@ -139,40 +139,59 @@ return {1, int(day_total + usd), int(month_total + usd), int(day_hosted + hosted
 RECORD = (
     _PRELUDE
     + """
--- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry (of the entry's tenant and time),
---       6 series, 7 ids, 8 stream, 9 epoch
--- ARGV: 1 base, 2 now_us, 3 hold id ('' none), 4 hold mode, 5 actual tokens, 6 entry id ('' none),
---       7 kind, 8 backend, 9 usd_nano, 10 equiv_nano, 11 prompt, 12 cached, 13 completion,
---       14 minute of day, 15 entry (JSON), 16 day ttl, 17 month ttl, 18 series ttl, 19 ids ttl, 20 stream maxlen,
---       21 epoch joined
--- Returns 1 when the entry was counted, 0 when it already had been (a replay).
-local fenced = stale(KEYS[9], ARGV[21])
+-- A batch of one tenant's bookings in one UTC day and 10-minute slot: each drops its hold (if any) and counts its
+-- entry (if any) once; the rollups and the series are added up and written once for the whole batch.
+-- KEYS: 1 day rollup, 2 month rollup, 3 rate, 4 holds, 5 hold-expiry, 6 series, 7 ids, 8 stream, 9 epoch
+-- ARGV: 1 base, 2 now_us (the batch's latest), 3 day ttl, 4 month ttl, 5 series ttl, 6 ids ttl, 7 stream maxlen,
+--       8 epoch joined, then 14 per booking: now_us, hold id ('' none), hold mode, actual tokens, entry id
+--       ('' none), kind, backend, usd_nano, equiv_nano, prompt, cached, completion, minute of day, entry (JSON)
+-- Returns how many entries were counted (the others had been already: a replay).
+local fenced = stale(KEYS[9], ARGV[8])
 if fenced then return fenced end
 purge_lapsed()
-if ARGV[3] ~= '' then drop_hold(ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])) end
-touch_rate()
-local id = ARGV[6]
-if id == '' then return 1 end
-local added = redis.call('SADD', KEYS[7], id)
-redis.call('EXPIRE', KEYS[7], ARGV[19])  -- a replay seen again keeps its slot alive too
-if added == 0 then return 0 end
-local kind = ARGV[7]
-local sums = {{'usd', ARGV[9]}, {'equiv', ARGV[10]}, {'n', '1'}, {'prompt', ARGV[11]}, {'cached', ARGV[12]},
-              {'completion', ARGV[13]}}
-for i, key in ipairs({KEYS[1], KEYS[2]}) do
-  for _, scope in ipairs({'t', 'k:' .. kind, 'b:' .. ARGV[8]}) do
-    for _, sum in ipairs(sums) do
-      if sum[2] ~= '0' then redis.call('HINCRBY', key, scope .. '.' .. sum[1], sum[2]) end
+local rollup, rollup_fields, series, series_fields = {}, {}, {}, {}
+local function add(sums, fields, field, value)
+  if sums[field] == nil then
+    sums[field] = 0
+    fields[#fields + 1] = field
+  end
+  sums[field] = sums[field] + value
+end
+local counted, ids = 0, false
+for i = 9, #ARGV, 14 do
+  now = tonumber(ARGV[i])
+  if ARGV[i + 1] ~= '' then drop_hold(ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])) end
+  local id = ARGV[i + 4]
+  if id ~= '' then
+    ids = true
+    if redis.call('SADD', KEYS[7], id) == 1 then
+      counted = counted + 1
+      local kind, usd = ARGV[i + 5], tonumber(ARGV[i + 7])
+      local sums = {{'usd', usd}, {'equiv', tonumber(ARGV[i + 8])}, {'n', 1}, {'prompt', tonumber(ARGV[i + 9])},
+                    {'cached', tonumber(ARGV[i + 10])}, {'completion', tonumber(ARGV[i + 11])}}
+      for _, scope in ipairs({'t', 'k:' .. kind, 'b:' .. ARGV[i + 6]}) do
+        for _, sum in ipairs(sums) do
+          if sum[2] ~= 0 then add(rollup, rollup_fields, scope .. '.' .. sum[1], sum[2]) end
+        end
+      end
+      local bucket = ARGV[i + 12] .. ':' .. kind
+      add(series, series_fields, bucket .. '.usd', usd)
+      add(series, series_fields, bucket .. '.n', 1)
+      redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[7], '*', 'id', id, 'entry', ARGV[i + 13])
     end
   end
-  redis.call('EXPIRE', key, ARGV[15 + i])
 end
-local bucket = ARGV[14] .. ':' .. kind
-redis.call('HINCRBY', KEYS[6], bucket .. '.usd', ARGV[9])
-redis.call('HINCRBY', KEYS[6], bucket .. '.n', 1)
-redis.call('EXPIRE', KEYS[6], ARGV[18])
-redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[20], '*', 'id', id, 'entry', ARGV[15])
-return 1
+now = tonumber(ARGV[2])
+touch_rate()
+if ids then redis.call('EXPIRE', KEYS[7], ARGV[6]) end  -- a replay seen again keeps its slot alive too
+if counted == 0 then return 0 end
+for i, key in ipairs({KEYS[1], KEYS[2]}) do
+  for _, field in ipairs(rollup_fields) do redis.call('HINCRBY', key, field, int(rollup[field])) end
+  redis.call('EXPIRE', key, ARGV[2 + i])
+end
+for _, field in ipairs(series_fields) do redis.call('HINCRBY', KEYS[6], field, int(series[field])) end
+redis.call('EXPIRE', KEYS[6], ARGV[5])
+return counted
 """
 )
 
