@@ -5,7 +5,6 @@ replica load, without request or token counts, and without the replicas of pools
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -29,10 +28,10 @@ def hidden_backends(state: GatewayState, viewer: Tenant) -> set[str]:
         if tenant.name != viewer.name
         for pool in tenant.dedicated_pools
     }
-    if not foreign:
-        return set()
-    pattern = re.compile("|".join(rf"{re.escape(pool)}-\d+" for pool in sorted(foreign)))
-    return {b.name for b in state.registry if b.kind == "replica" and pattern.fullmatch(b.name)}
+    # By the pool each backend belongs to, not by its name: configured, discovered and simulated replicas are
+    # named differently, and a pool's name may begin another's.
+    backends = [*state.registry, *state.registry.draining()]
+    return {b.name for b in backends if b.kind == "replica" and b.pool in foreign}
 
 
 def ledger_of(state: GatewayState) -> SpendLedger | None:
