@@ -15,20 +15,25 @@ import uvicorn
 from spillgate.gateway.app import GatewayApp
 from spillgate.gateway.control.config import parse_config
 from spillgate.gateway.state import GatewayState, build_state
+from tests.support.gateway import replica_name
 from tests.support.procs import free_port
 
 ADMIN_KEY = "sk-inproc-admin"
 KEYS = {"tenant-a": "sk-inproc-a", "tenant-b": "sk-inproc-b", "vip": "sk-inproc-vip"}
-CLOSED = "http://127.0.0.1:9"
-METRICS_TOKEN = "sk-inproc-metrics"
+SHARED_URLS = ("http://127.0.0.1:9", "http://127.0.0.2:9")
+VIP_URL = "http://127.0.0.3:9"
 """The discard port: nothing listens, so probes fail fast and the replicas read as unhealthy."""
+SHARED = tuple(replica_name(url, "shared") for url in SHARED_URLS)
+"""The names of pool ``shared``'s two replicas."""
+VIP = replica_name(VIP_URL, "vip-pool")
+METRICS_TOKEN = "sk-inproc-metrics"
 
 
 def config() -> dict[str, Any]:
     return {
         "pools": [
-            {"name": "shared", "served_model": "m", "replicas": [CLOSED, CLOSED]},
-            {"name": "vip-pool", "served_model": "m", "replicas": [CLOSED]},
+            {"name": "shared", "served_model": "m", "replicas": list(SHARED_URLS)},
+            {"name": "vip-pool", "served_model": "m", "replicas": [VIP_URL]},
         ],
         "routes": [{"name": "chat", "targets": ["shared", "vip-pool"], "policy": "least_load"}],
         "tenants": [
@@ -44,22 +49,22 @@ def config() -> dict[str, Any]:
 
 def state() -> GatewayState:
     parsed = parse_config(config())
-    return build_state(parsed, {p.name: list(p.replicas) for p in parsed.pools}, {})
+    return build_state(parsed, {}, {})
 
 
 def record_traffic(gateway: GatewayState) -> None:
     """Metrics as the proxy would count them: every tenant, a dedicated replica, two SLO classes."""
     m = gateway.metrics
-    m.requests.labels("chat", "shared-0", "ok", "least_load").inc(3)
-    m.requests.labels("chat", "vip-pool-0", "ok", "least_load").inc(2)
-    for backend, seconds in (("shared-0", 0.04), ("shared-0", 0.3), ("shared-1", 0.02), ("vip-pool-0", 0.7)):
+    m.requests.labels("chat", SHARED[0], "ok", "least_load").inc(3)
+    m.requests.labels("chat", VIP, "ok", "least_load").inc(2)
+    for backend, seconds in ((SHARED[0], 0.04), (SHARED[0], 0.3), (SHARED[1], 0.02), (VIP, 0.7)):
         m.ttft.labels(backend).observe(seconds)
         m.tpot.labels(backend).observe(seconds / 20)
-    m.prompt_tokens.labels("shared-0", "prompt").inc(1000)
-    m.prompt_tokens.labels("shared-0", "cached").inc(400)
-    m.prompt_tokens.labels("vip-pool-0", "prompt").inc(500)
+    m.prompt_tokens.labels(SHARED[0], "prompt").inc(1000)
+    m.prompt_tokens.labels(SHARED[0], "cached").inc(400)
+    m.prompt_tokens.labels(VIP, "prompt").inc(500)
     for tenant, usd in (("tenant-a", 0.25), ("tenant-b", 0.5), ("vip", 1.0)):
-        m.spend.labels(tenant, "chat", "shared-0", "replica", "least_load").inc(usd)
+        m.spend.labels(tenant, "chat", SHARED[0], "replica", "least_load").inc(usd)
     m.slo.labels("gold", "met").inc(2)
     m.slo.labels("silver", "ttft_missed").inc(1)
 

@@ -59,7 +59,7 @@ async def test_admin_sees_every_tenant(client: httpx.AsyncClient, monkeypatch: p
     assert data["spend"]["by_tenant"] == {"tenant-a": 0.25, "tenant-b": 0.5, "vip": 1.0}
     assert data["requests"]["total"] == 5
     assert {r["slo_class"]: r["attainment"] for r in data["slo"]} == {"gold": 1.0, "silver": 0.0}
-    assert [r["backend"] for r in data["load"]] == ["shared-0", "shared-1", "vip-pool-0"]
+    assert [r["backend"] for r in data["load"]] == [*inproc.SHARED, inproc.VIP]
     assert data["ledger"]["tenants"] == ["tenant-a", "tenant-b"]
     assert data["ledger"]["totals_period"] == "month" and "window" not in data["ledger"]["totals"]
     assert ledger.calls[0] == ("series", (None, 60, pytest.approx(time.time() - 3600, abs=61)))
@@ -154,9 +154,9 @@ async def test_figures_equal_what_metrics_renders(client: httpx.AsyncClient, gat
     spend = sum(v for _, v in samples["spillgate_spend_usd_total"])
     assert data["spend"]["total_usd"] == pytest.approx(spend, rel=1e-12)
     assert {r["backend"]: r["hit_rate"] for r in data["cache"]} == {
-        "shared-0": 0.4,
-        "shared-1": None,
-        "vip-pool-0": 0.0,
+        inproc.SHARED[0]: 0.4,
+        inproc.SHARED[1]: None,
+        inproc.VIP: 0.0,
     }
 
 

@@ -30,9 +30,9 @@ def rent_config(replica_urls: list[str]) -> dict:
 
 async def test_four_idle_replicas_for_a_minute_cost_exactly_their_rent() -> None:
     """The gateway's own rent book and dashboard figures, read a minute after the pool was configured."""
-    closed = "http://127.0.0.1:9"  # nothing is sent: idle replicas
-    parsed = parse_config(rent_config([closed] * 4))
-    state = build_state(parsed, {"pool": [closed] * 4}, {})
+    closed = [f"http://127.0.0.{host}:9" for host in range(1, 5)]  # nothing is sent: idle replicas
+    parsed = parse_config(rent_config(closed))
+    state = build_state(parsed, {}, {})
     (pool,) = state.rent.report(time.time())
     minute_later = pool.since + 60
     admin = state.tenants.authenticate_admin(f"Bearer {ADMIN_KEY}")

@@ -20,9 +20,11 @@ from spillgate.gateway.serving.upstream import UpstreamCall
 from spillgate.gateway.serving.validation import ParsedRequest
 from spillgate.gateway.state import GatewayState, build_state
 from spillgate.policies.types import Decision
+from tests.support.gateway import replica_name
 
-CLOSED = "http://127.0.0.1:9"
+CLOSED = ("http://127.0.0.1:9", "http://127.0.0.2:9")
 """Nothing is sent anywhere: the recorder stands in for the upstream."""
+FIRST, SECOND = (replica_name(url) for url in CLOSED)
 BLOCKS = 64
 
 
@@ -46,7 +48,7 @@ class Recorder:
 
 
 def gateway(backoff_s: float = 0.0) -> GatewayState:
-    pool = {"name": "pool", "served_model": "m", "replicas": [CLOSED, CLOSED], "max_waiting_prefill_tokens": 1}
+    pool = {"name": "pool", "served_model": "m", "replicas": list(CLOSED), "max_waiting_prefill_tokens": 1}
     raw: dict[str, Any] = {
         "pools": [pool],
         "routes": [{"name": "chat", "targets": ["pool"]}],
@@ -55,16 +57,17 @@ def gateway(backoff_s: float = 0.0) -> GatewayState:
         "outlier": {"retry_backoff_s": backoff_s},
     }
     config = parse_config(raw)
-    return build_state(config, {p.name: list(p.replicas) for p in config.pools}, {})
+    return build_state(config, {}, {})
 
 
 def request(fingerprint: Fingerprint | None = None) -> tuple[Admitted, Attempt]:
-    """A streamed request ranked pool-0 then pool-1; with ``fingerprint``, its whole prefix believed at pool-0."""
+    """A streamed request ranked the first replica then the second; with ``fingerprint``, its whole prefix believed
+    at the first."""
     payload = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     parsed = ParsedRequest(payload, "chat", stream=True, include_usage=False, max_tokens=8, prompt_tokens=BLOCKS * 64)
-    decision = Decision("pool-0", "least_load", ranked=("pool-0", "pool-1"))
+    decision = Decision(FIRST, "least_load", ranked=(FIRST, SECOND))
     attempt = Attempt(request_id="r", started=0.0, route="chat", stream=True, fingerprint=fingerprint)
-    attempt.matched_blocks = {"pool-0": len(fingerprint.hashes)} if fingerprint is not None else {}
+    attempt.matched_blocks = {FIRST: len(fingerprint.hashes)} if fingerprint is not None else {}
     return Admitted(parsed, decision, None), attempt
 
 
@@ -83,21 +86,21 @@ async def test_a_replica_that_left_while_a_request_waited_for_its_shared_prefill
     forwarder = Forwarder(state, "/v1/chat/completions", {"replica": recorder}, Tracing.from_environment())
     hashes = tuple(range(1, BLOCKS + 1))
     prefilling = state.dispatcher.prefilling
-    blocker = prefilling.sent("pool-0", (0,), cached_blocks=0, tokens=6000)  # pool-0 is busy prefilling it
-    prefilling.sent("pool-0", hashes, cached_blocks=0, tokens=BLOCKS * 64)  # computes the prefix, next batch
+    blocker = prefilling.sent(FIRST, (0,), cached_blocks=0, tokens=6000)  # the first is busy prefilling it
+    prefilling.sent(FIRST, hashes, cached_blocks=0, tokens=BLOCKS * 64)  # computes the prefix, next batch
     admitted, attempt = request(Fingerprint(hashes=hashes, prefix_key=1, length=BLOCKS * 64))
-    pool_0 = state.registry["pool-0"]
-    assert state.dispatcher.shared_prefill(pool_0, attempt.fingerprint, attempt.matched_blocks) is not None
+    first = state.registry[FIRST]
+    assert state.dispatcher.shared_prefill(first, attempt.fingerprint, attempt.matched_blocks) is not None
 
     forwarding = asyncio.create_task(forwarder._try_candidates(admitted, attempt, discard))
     for _ in range(20):
         await asyncio.sleep(0)
-    assert not forwarding.done() and recorder.sent == [], "held for the prefill pool-0 is computing"
-    leave(state, "pool-0")
+    assert not forwarding.done() and recorder.sent == [], "held for the prefill the first is computing"
+    leave(state, FIRST)
     prefilling.ended(blocker)  # the prefix's prefill starts: the wait is over
     assert await asyncio.wait_for(forwarding, 30) == "ok"
-    assert recorder.sent == ["pool-1"], "the departed replica was not sent the request"
-    assert attempt.backend == "pool-1" and attempt.reason == "fallback"
+    assert recorder.sent == [SECOND], "the departed replica was not sent the request"
+    assert attempt.backend == SECOND and attempt.reason == "fallback"
 
 
 async def test_a_replica_that_left_while_a_prompt_was_held_for_room_there_gets_nothing() -> None:
@@ -105,29 +108,29 @@ async def test_a_replica_that_left_while_a_prompt_was_held_for_room_there_gets_n
     recorder = Recorder()
     forwarder = Forwarder(state, "/v1/chat/completions", {"replica": recorder}, Tracing.from_environment())
     prefilling = state.dispatcher.prefilling
-    blocker = prefilling.sent("pool-0", (0,), cached_blocks=0, tokens=6000)
-    prefilling.sent("pool-0", (1,), cached_blocks=0, tokens=6000, hold_beyond=1)  # waits unscheduled behind it
+    blocker = prefilling.sent(FIRST, (0,), cached_blocks=0, tokens=6000)
+    prefilling.sent(FIRST, (1,), cached_blocks=0, tokens=6000, hold_beyond=1)  # waits unscheduled behind it
     admitted, attempt = request()
 
     forwarding = asyncio.create_task(forwarder._try_candidates(admitted, attempt, discard))
     for _ in range(20):
         await asyncio.sleep(0)
-    assert not forwarding.done() and recorder.sent == [], "held while a prompt waits unscheduled at pool-0"
-    leave(state, "pool-0")
+    assert not forwarding.done() and recorder.sent == [], "held while a prompt waits unscheduled at the first"
+    leave(state, FIRST)
     prefilling.ended(blocker)  # the waiting prompt is scheduled: room for the held one
     assert await asyncio.wait_for(forwarding, 30) == "ok"
-    assert recorder.sent == ["pool-1"], "the departed replica was not sent the request"
+    assert recorder.sent == [SECOND], "the departed replica was not sent the request"
 
 
 async def test_a_replica_that_left_during_the_retry_backoff_gets_nothing() -> None:
     state = gateway(backoff_s=0.05)
-    recorder = Recorder(failing=("pool-0",))
+    recorder = Recorder(failing=(FIRST,))
     forwarder = Forwarder(state, "/v1/chat/completions", {"replica": recorder}, Tracing.from_environment())
     admitted, attempt = request()
 
     forwarding = asyncio.create_task(forwarder._try_candidates(admitted, attempt, discard))
     while not recorder.sent:
         await asyncio.sleep(0)
-    leave(state, "pool-1")  # after the check of its health, while the fallback waits out its backoff
+    leave(state, SECOND)  # after the check of its health, while the fallback waits out its backoff
     assert await asyncio.wait_for(forwarding, 30) == "error"
-    assert recorder.sent == ["pool-0"], "the departed replica was not sent the request"
+    assert recorder.sent == [FIRST], "the departed replica was not sent the request"
