@@ -9,7 +9,7 @@ A request goes to the rank it names, else to the engine's default choice:
   or its older name ``data_parallel_rank`` in the body (``entrypoints/openai/serving_base.py``,
   ``protocol.py``); without one, ``round_robin`` (what ``load_balance_method`` ``auto`` resolves to outside
   prefill-decode disaggregation). A header that is not an integer is refused (400), as is a rank that does not
-  exist (SGLang's controller raises "DP rank N is not active.").
+  exist (both as SGLang 0.5.23 answered on this project's CPU tier).
 - vLLM (``entrypoints/generate/base/serving.py``, ``v1/engine/core_client.py``): the ``X-data-parallel-rank``
   header only (one that is not an integer is ignored); without it, the engine with the fewest requests waiting
   and running, the scan starting one engine further each time so that ties take turns. A rank out of range is
@@ -95,7 +95,7 @@ class DataParallelScheduler:
         if rank is None:
             rank = self._least_loaded_rank() if self._least_loaded else self._round_robin()
         elif not 0 <= rank < len(self.ranks):
-            raise ValueError(f"DP rank {rank} is not active.")
+            raise ValueError(f"routed_dp_rank={rank} out of range [0, {len(self.ranks)})")
         scheduler = self.ranks[rank]
         self._where[req] = scheduler
         self.routed[rank] += 1
@@ -184,6 +184,14 @@ def data_parallel_ranks(
 # the rank a request names ---------------------------------------------------------------------------------------
 
 
+class _Refused(ValueError):
+    """A rank the server refuses; ``kind`` is the error's ``type`` in SGLang's body."""
+
+    def __init__(self, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class RankFromRequest:
     """Reads the rank a POST names (the header; for SGLang also the body) into :data:`REQUESTED_RANK` for the
     scheduler, and refuses one that is not an integer or names no rank. Plain ASGI: the body is read once and
@@ -210,8 +218,8 @@ class RankFromRequest:
                 break
         try:
             rank = self._requested(dict(scope["headers"]).get(b"x-data-parallel-rank"), body)
-        except ValueError as exc:
-            await _refuse(str(exc), self._sglang, scope, send)
+        except _Refused as exc:
+            await _refuse(exc, self._sglang, scope, send)
             return
 
         async def replay() -> Message:
@@ -229,16 +237,16 @@ class RankFromRequest:
             try:
                 rank = int(header)
             except ValueError:
-                if self._sglang:
-                    raise ValueError(
-                        f"Invalid X-Data-Parallel-Rank header: must be an integer, got '{header.decode('latin-1')}'"
-                    ) from None
+                if self._sglang:  # an HTTPException: its status as the type
+                    got = header.decode("latin-1")
+                    message = f"Invalid X-Data-Parallel-Rank header: must be an integer, got '{got}'"
+                    raise _Refused(message, "400") from None
         elif self._sglang and b"_rank" in body:
             rank = _body_rank(body)
         if rank is not None and not 0 <= rank < self._ranks:
             if self._sglang:
-                raise ValueError(f"DP rank {rank} is not active.")
-            raise ValueError(f"data_parallel_rank {rank} is out of range [0, {self._ranks}).")
+                raise _Refused(f"routed_dp_rank={rank} out of range [0, {self._ranks})")
+            raise _Refused(f"data_parallel_rank {rank} is out of range [0, {self._ranks}).")
         return rank
 
 
@@ -256,11 +264,11 @@ def _body_rank(body: bytes) -> int | None:
     return None
 
 
-async def _refuse(message: str, sglang: bool, scope: Scope, send: Send) -> None:
+async def _refuse(refused: _Refused, sglang: bool, scope: Scope, send: Send) -> None:
     if sglang:
-        body: dict[str, Any] = error_body(message)
+        body: dict[str, Any] = error_body(str(refused), refused.kind)
     else:
-        body = {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+        body = {"error": {"message": str(refused), "type": "BadRequestError", "param": None, "code": 400}}
 
     async def nothing() -> Message:
         return {"type": "http.disconnect"}

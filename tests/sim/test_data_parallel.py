@@ -98,8 +98,23 @@ def test_ranks_take_turns_and_keep_their_own_caches(two_ranks: tuple[RunningProc
 
 
 def test_a_rank_that_is_not_there_or_not_a_number_is_refused(two_ranks: tuple[RunningProcess, int]) -> None:
+    """As SGLang 0.5.23 with ``--dp-size 2`` answered on the CPU tier."""
     sim, _ = two_ranks
     refused = chat(sim, data_parallel_rank=2)
-    assert refused.status_code == 400 and refused.json()["message"] == "DP rank 2 is not active."
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "object": "error",
+        "message": "routed_dp_rank=2 out of range [0, 2)",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
     refused = chat(sim, headers={"X-Data-Parallel-Rank": "one"})
-    assert refused.status_code == 400 and "must be an integer" in refused.json()["message"]
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "object": "error",
+        "message": "Invalid X-Data-Parallel-Rank header: must be an integer, got 'one'",
+        "type": "400",
+        "param": None,
+        "code": 400,
+    }
