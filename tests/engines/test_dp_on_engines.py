@@ -22,7 +22,13 @@ from tests.gateway.test_kv_events_dp import free_ports
 from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway
 from tests.support.procs import RunningProcess
 
-pytestmark = pytest.mark.engines
+pytestmark = [
+    pytest.mark.engines,
+    pytest.mark.skipif(
+        os.environ.get("SPILLGATE_KV_EVENTS_TIER") != "1",
+        reason="part of the KV-event tier: run with SPILLGATE_KV_EVENTS_TIER=1 make test-engines (docs/testing.md)",
+    ),
+]
 
 RANKS = 2
 
