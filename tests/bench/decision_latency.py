@@ -57,6 +57,7 @@ def main() -> None:
         if args.events:
             tracker.follow(name)
             tracker.reset(name, complete=True)
+            tracker.catching_up(name, False)  # caught up: matched on its events, not on the belief
     stored: set[tuple[str, int]] = set()
     policy = build_policy("cache_aware")
     registry = BackendRegistry(
