@@ -76,6 +76,7 @@ def check_replica_url(url: str) -> str:
 
 
 def _check_replica_name(name: str) -> str:
+    """A configured replica's own name (:data:`REPLICA_NAME_PATTERN`), or ``ValueError`` saying what one is."""
     if not re.fullmatch(REPLICA_NAME_PATTERN, name) or len(name) > 63:
         raise ValueError(
             f"{name!r} is not a replica name: up to 63 letters, digits, '.', '_' or '-', from a letter or digit "
@@ -771,7 +772,7 @@ def replica_name_problems(config: GatewayConfig) -> list[tuple[str, str]]:
         if name in owners:
             problems.append((path, f"{what} {name!r} is taken by {owners[name]}: rename one of them"))
         else:
-            owners.setdefault(name, path)
+            owners[name] = path
 
     for i, pool in enumerate(config.pools):
         addresses: dict[str, int] = {}
