@@ -155,6 +155,7 @@ def _kv_event_source(config: KvEventsConfig, base_url: str) -> KvEventSource | N
         endpoint=config.endpoint.replace("{host}", host),
         replay_endpoint=None if replay is None else replay.replace("{host}", host),
         topic=config.topic,
+        ranks=config.dp_size,
     )
 
 

@@ -299,6 +299,42 @@ class KvEventsConfig(Strict):
         default=None, pattern=r"^tcp://", description="the engine's replay socket, e.g. tcp://{host}:5558"
     )
     topic: str = Field(default="", description="the publisher's topic (a prefix; empty takes every topic)")
+    dp_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="data-parallel ranks publishing (rank r on the endpoint's port + r, its replay socket on the "
+        "replay port + r); default: what the replica reports (SGLang's dp_size, the ranks vLLM lists), else 1",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_fit(self) -> KvEventsConfig:
+        if self.dp_size is None:
+            return self
+        if self.endpoint is None:
+            raise ValueError(
+                "dp_size needs endpoint: without an endpoint the replica's own report says where and how many "
+                "ranks publish"
+            )
+        ranks = self.dp_size
+        base = _port_of(self.endpoint)
+        if base + ranks - 1 > 65535:
+            raise ValueError(f"dp_size: {ranks} ranks from port {base} run past 65535")
+        if self.replay_endpoint is not None:
+            replay = _port_of(self.replay_endpoint)
+            if base <= replay < base + ranks or replay <= base < replay + ranks:
+                raise ValueError(
+                    f"replay_endpoint: ports {replay}-{replay + ranks - 1} overlap the ranks' publishers "
+                    f"{base}-{base + ranks - 1}; leave dp_size ports after each"
+                )
+        return self
+
+
+def _port_of(endpoint: str) -> int:
+    port = endpoint.rsplit(":", 1)[-1]
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{endpoint!r} ends in no port")
+    return int(port)
 
 
 class KubernetesDiscovery(Strict):
