@@ -12,7 +12,11 @@ the whole machine relays while it also runs the stub and the load generators, no
 compared with the ``--workers 1`` row of another run (the direct and sglang-router rows keep one core). The
 "other work" share of a figure counts every gateway process as the benchmark's own, on both cores.
 
+With ``--redis`` one worker shares its state as the workers do: through a ``redis-server`` of the benchmark's own
+on a unix socket, pinned to the clients' core. Against a run without it, that is what sharing costs one worker.
+
     .venv/bin/python -m tests.bench.hot_path [--seconds 5] [--json FILE] [--skip-router] [--check] [--workers N]
+                                            [--redis]
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
+from spillgate.gateway.supervisor import private_redis_argv
 from tests.bench import report, router_env, smoke, targets
 from tests.bench.core_load import NOISY_PERCENT, CoreWatch, wait_for_quiet
 from tests.bench.services import REPO_ROOT, Service, free_port, http_request, start_pinned, wait_until
@@ -63,6 +70,8 @@ class Bench:
     """No retries after this ``time.monotonic()``: they must not push the run past its time budget."""
     workers: int = 1
     """Gateway processes (``spillgate serve --workers``); more than one are allowed both cores."""
+    redis: bool = False
+    """One worker shares its state through a Redis of the benchmark's own (more than one always do)."""
 
     @property
     def gateway_cpus(self) -> str:
@@ -157,9 +166,14 @@ def measure_direct(bench: Bench, stub_port: int) -> dict[str, Any]:
 
 def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dict[str, Any]:
     port = free_port()
-    argv = targets.gateway_argv(bench.work_dir / "spillgate.yaml", stub_port, port, bench.access_log)
+    config_path = bench.work_dir / "spillgate.yaml"
+    argv = targets.gateway_argv(config_path, stub_port, port, bench.access_log)
+    config = targets.gateway_config(stub_port, port, bench.access_log)
     if bench.workers > 1:
         argv += ["--workers", str(bench.workers)]
+    elif bench.redis:
+        config["state"] = {"redis_url": _start_redis(bench, started)}
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     gateway = start_pinned("spillgate", argv, cpu=bench.gateway_cpus, log_dir=bench.work_dir)
     started.append(gateway)
     try:
@@ -172,8 +186,25 @@ def measure_gateway(bench: Bench, stub_port: int, started: list[Service]) -> dic
         gateway.stop(timeout=60)  # each worker drains first
     row["command"] = " ".join(["taskset", "-c", bench.gateway_cpus, *argv])
     row["workers"] = bench.workers
-    row["config"] = targets.gateway_config(stub_port, port, bench.access_log)
+    row["config"] = config
     return row
+
+
+def _start_redis(bench: Bench, started: list[Service]) -> str:
+    """A ``redis-server`` on a unix socket, as ``--workers N`` starts its own, on the clients' core: its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--redis needs redis-server installed")
+    socket_path = str(bench.work_dir / "redis.sock")
+    redis = start_pinned(
+        "redis",
+        private_redis_argv(binary, socket_path, str(bench.work_dir)),
+        cpu=bench.client_cpu,
+        log_dir=bench.work_dir,
+    )
+    started.append(redis)
+    wait_until(redis, lambda: Path(socket_path).exists(), timeout=15, what="redis-server's socket")
+    return f"unix://{socket_path}"
 
 
 def measure_router(bench: Bench, stub_port: int, started: list[Service]) -> dict[str, Any]:
@@ -286,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
     work_dir = Path(tempfile.mkdtemp(prefix="spillgate-bench-"))
     bench = Bench(args.seconds, client_cpu, server_cpu, wrk, work_dir, retries=args.retries, access_log=args.access_log)
     bench.workers = args.workers
+    bench.redis = args.redis
     bench.retry_until = time.monotonic() + RETRY_BUDGET_FIGURES * (args.seconds + 2 * WARMUP_S)
     rows, failed = measure_all(bench, args.skip_router)
     settings = {
@@ -297,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
         "paced_rate": PACED_RATE,
         "router_version": router_env.ROUTER_VERSION,
         "workers": args.workers,
+        "redis": args.redis or args.workers > 1,
         "spillgate_cpus": bench.gateway_cpus,
     }
     loads = {"before": load_before, "after": report.load_average()}
@@ -334,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="spillgate serve --workers N; more than one may use the clients' core too (default 1)",
+    )
+    parser.add_argument(
+        "--redis", action="store_true", help="one worker shares its state through a Redis, as several do"
     )
     parser.add_argument("--server-cpu", type=int, default=None, help="core for the relay (default: first allowed)")
     parser.add_argument("--client-cpu", type=int, default=None, help="core for stub and clients (default: next)")
