@@ -57,9 +57,7 @@ class _OpenAIRequest(_Body):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        """``stop`` as a tuple of non-empty strings."""
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        return tuple(s for s in stop if s)
+        return stop_strings(self.stop)
 
     @property
     def include_usage(self) -> bool:
@@ -134,3 +132,9 @@ class GenerateRequest(_Body):
     extra_key: str | None = None
     cache_salt: str | None = None
     priority: int | None = None
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """A request's ``stop`` as a tuple of non-empty strings."""
+    listed = [stop] if isinstance(stop, str) else stop or []
+    return tuple(s for s in listed if s)

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from spillgate.backends.sim.protocol import stop_strings
+
 Message = dict[str, Any]
 """A chat message as the simulator's chat template takes it: ``role``, ``content`` text, maybe ``tool_calls``."""
 
@@ -58,8 +60,7 @@ class ResponsesBody(BaseModel):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        return tuple(s for s in stop if s)
+        return stop_strings(self.stop)
 
     @property
     def wants_logprobs(self) -> bool:

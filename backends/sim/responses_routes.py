@@ -336,16 +336,10 @@ def _sglang_stored(request: Request, response_id: str) -> StoredResponse:
 
 
 @sglang_router.get("/v1/responses/{response_id}")
-async def sglang_retrieve(response_id: str, request: Request) -> OrjsonResponse:
-    try:
-        return OrjsonResponse(_sglang_stored(request, response_id).body)
-    except Refusal as refused:
-        return refused.response()
-
-
 @sglang_router.post("/v1/responses/{response_id}/cancel")
-async def sglang_cancel(response_id: str, request: Request) -> OrjsonResponse:
-    """Every stored response has finished (no background mode): SGLang returns a finished one as it is."""
+async def sglang_retrieve(response_id: str, request: Request) -> OrjsonResponse:
+    """Retrieve, and cancel too: every stored response has finished (no background mode), and SGLang answers a
+    cancel of a finished one with the response as it is."""
     try:
         return OrjsonResponse(_sglang_stored(request, response_id).body)
     except Refusal as refused:
