@@ -116,6 +116,14 @@ def wait_until_every_rank_is_followed(gateway: RunningProcess, timeout: float = 
         time.sleep(0.2)
 
 
+def wait_until_healthy(gateway: RunningProcess, name: str, timeout: float = 20.0) -> None:
+    """A replica stopped for a restart is marked down; requests before the gateway's next probe would get 503."""
+    deadline = time.monotonic() + timeout
+    while not httpx.get(gateway.url + "/health").json()["backends"][name]["healthy"]:
+        assert time.monotonic() < deadline, f"{name} not healthy again after its restart"
+        time.sleep(0.1)
+
+
 def outcomes(gateway: RunningProcess) -> dict[str, int]:
     totals = {"exact": 0, "over": 0, "under": 0}
     for prefix in prefix_health(gateway).values():
@@ -296,6 +304,7 @@ def test_a_restarted_replica_holds_nothing_on_any_rank(relayed: tuple[RunningPro
     assert all(rank["cached_tokens"] > 1000 for rank in rank_loads(replica)), "each rank holds one conversation"
     last = [r["last_seq"] for r in prefix_health(gateway)[replica.name]["dp_ranks"]]
     replica.restart(replica.process.log_path.parent)
+    wait_until_healthy(gateway, replica.name)
     deadline = time.monotonic() + 30
     while True:
         ranks = prefix_health(gateway)[replica.name]["dp_ranks"]
