@@ -81,12 +81,22 @@ def admin_router(state: GatewayState) -> APIRouter:
 
     @router.delete("/pools/{pool}/replicas")
     async def remove_pool_replica(pool: str, request: Request) -> Response:
-        """Drain one static replica (``?url=http://host:port``) out of a pool: no new requests, those in flight
-        finish; a config version like any edit. A discovered replica leaves with its pod instead."""
+        """Drain one static replica out of a pool, given by ``?url=http://host:port`` or by ``?name=`` (as
+        ``/admin/backends`` lists it): no new requests, those in flight finish; a config version like any edit.
+        A discovered replica leaves with its pod instead."""
         config, admin = live(request)
-        url = _replica_url(request.query_params.get("url"))
+        name = request.query_params.get("name")
+        if name is not None and "url" in request.query_params:
+            raise ApiError(
+                422, "Give the replica's 'url' or its 'name', not both.", param="name", code="ambiguous_replica"
+            )
         found = {p: {r.url: r.pod for r in rs} for p, rs in state.discovery.replicas(state.config).items()}
-        edit = remove_replica(pool, url, found)
+        if name is not None:
+            if not name:
+                raise ApiError(422, "A replica's 'name' is not empty.", param="name", code="invalid_replica_name")
+            edit = remove_replica(pool, found, name=name)
+        else:
+            edit = remove_replica(pool, found, url=_replica_url(request.query_params.get("url")))
         return await _change(config.edit(edit, f"admin:{admin.key_id}", keeping_admin=admin.digest))
 
     @router.put("/config")

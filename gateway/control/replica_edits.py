@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillgate.gateway.control.egress import origin, replica_url
+from spillgate.gateway.control.replica_names import configured_name, discovered_name
 
 RawEdit = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -58,33 +59,52 @@ def add_replica(
     return edit
 
 
-def remove_replica(pool: str, url: str, discovered: Mapping[str, Mapping[str, str]]) -> RawEdit:
-    """The edit removing ``url`` from ``pool``'s ``replicas``; ``discovered``: each pool's discovered replicas,
-    URL to pod, which leave with their pods, not through the config."""
+def remove_replica(
+    pool: str, discovered: Mapping[str, Mapping[str, str]], *, url: str | None = None, name: str | None = None
+) -> RawEdit:
+    """The edit removing one of ``pool``'s ``replicas``, given by ``url`` or by ``name`` (what the admin API and
+    the metrics show, ``pool/name`` or ``pool/host:port``, with or without the ``pool/``); ``discovered``: each
+    pool's discovered replicas, URL to pod, which leave with their pods, not through the config."""
+    wanted = None if name is None else (name if name.startswith(f"{pool}/") else f"{pool}/{name}")
+
+    def chosen(entry: object) -> bool:
+        if wanted is not None:
+            return configured_name(pool, _url(entry), _name(entry)) == wanted
+        return url is not None and _origin(entry) == origin(url)
 
     def edit(raw: dict[str, Any]) -> dict[str, Any]:
         entry = _pool(raw, pool)
-        where = origin(url)
         replicas = list(entry.get("replicas") or [])
-        kept = [u for u in replicas if _origin(u) != where]
+        kept = [u for u in replicas if not chosen(u)]
         if len(kept) == len(replicas):
-            pod = next((p for u, p in discovered.get(pool, {}).items() if origin(u) == where), None)
+            pods = discovered.get(pool, {})
+            pod = next((p for u, p in pods.items() if chosen(u) or discovered_name(pool, p) == wanted), None)
+            given = url if wanted is None else wanted
             if pod is not None:
                 raise ReplicaEditRefused(
                     409,
-                    f"{url} was discovered (pod {pod!r}), not configured: it leaves pool {pool!r} when its pod "
+                    f"{given} was discovered (pod {pod!r}), not configured: it leaves pool {pool!r} when its pod "
                     "stops matching the pool's discovery (deleted, not Ready, or relabelled), not through this API.",
                     "replica_discovered",
+                    "url" if wanted is None else "name",
                 )
+            listed = [configured_name(pool, _url(u), _name(u)) for u in replicas] if wanted else map(_url, replicas)
             raise ReplicaEditRefused(
                 404,
-                f"{url} is not a static replica of pool {pool!r}; its replicas: {[_url(u) for u in replicas]}.",
+                f"{given} is not a static replica of pool {pool!r}; its replicas: {list(listed)}.",
                 "replica_not_found",
+                "url" if wanted is None else "name",
             )
         entry["replicas"] = kept
         return raw
 
     return edit
+
+
+def _name(entry: object) -> str | None:
+    """A raw ``replicas`` entry's own name, when the config gives it one."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _url(entry: object) -> str:

@@ -277,6 +277,17 @@ def test_draining_the_first_of_three_renames_no_other_and_keeps_what_was_learned
             timeout=30,
         )
         assert error(refused, 422, "invalid_config")["param"] == "pools.0.replicas.3.name"
+
+        by_name = httpx.delete(
+            f"{proc.url}/admin/pools/static/replicas", params={"name": "static/back"}, headers=ADMIN, timeout=30
+        )
+        assert by_name.status_code == 200, by_name.text
+        listed = httpx.get(proc.url + "/admin/backends", headers=ADMIN).json()["backends"]
+        assert sorted(b["name"] for b in listed) == sorted(others), "drained by the name it was listed by"
+        gone = httpx.delete(
+            f"{proc.url}/admin/pools/static/replicas", params={"name": "back"}, headers=ADMIN, timeout=30
+        )
+        assert error(gone, 404, "replica_not_found")["param"] == "name"
     finally:
         proc.stop()
 

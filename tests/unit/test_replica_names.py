@@ -183,14 +183,34 @@ def test_the_replica_edits_read_and_keep_both_forms() -> None:
     assert exists.value.code == "replica_exists"
     added = add_replica("gpu", C, {}, [], name="c")(copy.deepcopy(config))
     assert added["pools"][0]["replicas"] == [{"url": A, "name": "a"}, B, {"url": C, "name": "c"}]
-    removed = remove_replica("gpu", B, {})(copy.deepcopy(added))
+    removed = remove_replica("gpu", {}, url=B)(copy.deepcopy(added))
     assert removed["pools"][0]["replicas"] == [{"url": A, "name": "a"}, {"url": C, "name": "c"}]
     assert names(removed) == ["gpu/a", "gpu/c"]
-    removed = remove_replica("gpu", A, {})(removed)
+    removed = remove_replica("gpu", {}, url=A)(removed)
     assert removed["pools"][0]["replicas"] == [{"url": C, "name": "c"}]
     with pytest.raises(ReplicaEditRefused) as missing:
-        remove_replica("gpu", A, {})(removed)
+        remove_replica("gpu", {}, url=A)(removed)
     assert missing.value.code == "replica_not_found" and "'http://10.0.0.3:30000'" in missing.value.message
+
+
+def test_a_replica_is_removed_by_the_name_the_admin_api_lists() -> None:
+    config = raw({"url": A, "name": "a"}, B, C)
+    assert names(remove_replica("gpu", {}, name="gpu/a")(copy.deepcopy(config))) == [
+        "gpu/10.0.0.2:30000",
+        "gpu/10.0.0.3:30000",
+    ]
+    assert names(remove_replica("gpu", {}, name="a")(copy.deepcopy(config)))[0] == "gpu/10.0.0.2:30000"
+    assert names(remove_replica("gpu", {}, name="gpu/10.0.0.2:30000")(copy.deepcopy(config))) == [
+        "gpu/a",
+        "gpu/10.0.0.3:30000",
+    ]
+    with pytest.raises(ReplicaEditRefused) as by_address:
+        remove_replica("gpu", {}, name="gpu/10.0.0.1:30000")(copy.deepcopy(config))
+    assert by_address.value.code == "replica_not_found", "a named replica goes by its name, not its address"
+    assert by_address.value.param == "name" and "'gpu/a'" in by_address.value.message
+    with pytest.raises(ReplicaEditRefused) as discovered:
+        remove_replica("gpu", {"gpu": {"http://10.0.0.9:30000": "pod-9"}}, name="gpu/pod-9")(copy.deepcopy(config))
+    assert discovered.value.code == "replica_discovered" and "pod 'pod-9'" in discovered.value.message
 
 
 def test_an_engine_repeating_a_replicas_name_or_address_tells_the_client_neither() -> None:
