@@ -18,6 +18,7 @@ from spillgate.gateway.control.config import (
     DEMO_CONFIG_PATH,
     ConfigError,
     GatewayConfig,
+    PoolConfig,
     SimulatedReplicas,
     parse_config,
     read_raw,
@@ -330,6 +331,16 @@ def _start_simulators(
     return replica_urls, hosted_urls
 
 
+def _pool_replicas(pool: PoolConfig, simulated_urls: list[str]) -> str:
+    """Each replica by the name that metrics, logs and the admin API use, with its address; then discovery."""
+    named = zip(pool.replica_names(), (r.url for r in pool.replicas), strict=True)
+    shown = [f"{name} ({url})" for name, url in (*named, *zip(pool.simulated_names(), simulated_urls, strict=False))]
+    if pool.discovery is not None:
+        found = pool.discovery.kubernetes
+        shown.append(f"pods matching {found.label_selector!r} in namespace {found.namespace or '(its own)'}")
+    return ", ".join(shown) or "none"
+
+
 def _print_banner(
     config: GatewayConfig,
     path: Path,
@@ -347,9 +358,7 @@ def _print_banner(
         f"  data directory:  {data_dir}   (ledger, config history; state.data_dir)",
     ]
     for pool in config.pools:
-        lines.append(
-            f"  pool {pool.name}: {', '.join([*(r.url for r in pool.replicas), *replica_urls.get(pool.name, [])])}"
-        )
+        lines.append(f"  pool {pool.name}: {_pool_replicas(pool, replica_urls.get(pool.name, []))}")
     for hosted in config.hosted_models:
         where = hosted_urls.get(hosted.name) or hosted.api_base or "provider default"
         lines.append(f"  hosted {hosted.name}: {hosted.model} at {where}")

@@ -28,6 +28,7 @@ def test_demo_serves_openai_clients_and_stops_its_simulators(tmp_path: Path) -> 
         banner = gateway.log()
         assert f"http://127.0.0.1:{port}/v1" in banner and "data directory:" in banner
         assert "sk-spillgate-demo" in banner
+        assert "pool llama-8b: llama-8b-0 (http://127.0.0.1:" in banner, "replicas by the names metrics use"
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="sk-spillgate-demo", max_retries=0)
         assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "frontier"}
 
