@@ -41,10 +41,12 @@ def _diff(real: Any, sim: Any, path: str) -> list[str]:
 
 
 def metric_families(text: str, prefix: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """Each metric family named ``prefix...``: its type and the label names of its samples."""
+    """Each metric family named ``prefix...`` that has samples: its type and the label names of its samples. (A
+    labelled family nothing has observed yet shows only its HELP and TYPE lines; prometheus_client's parser
+    yields those as an empty family from 0.26 on, and skipped them before.)"""
     families = {}
     for family in text_string_to_metric_families(text):
-        if family.name.startswith(prefix):
+        if family.name.startswith(prefix) and family.samples:
             labels = frozenset(name for sample in family.samples for name in sample.labels if name != "le")
             families[family.name] = (family.type, labels)
     return families
