@@ -21,6 +21,8 @@ def read_figures(
     gauges take the largest, ``counters`` (named with their ``_total`` sample suffix) add up."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if not family.samples:  # HELP and TYPE only: nothing observed yet, not a zero
+            continue
         if family.name in summed:
             values[summed[family.name]] = sum(sample.value for sample in family.samples)
         elif family.name in peak:
