@@ -193,6 +193,8 @@ def _messages(value: object, limits: LimitsConfig) -> list[dict[str, Any]]:
             chat.append(_assistant_message(content, where))
         else:
             raise invalid(f"{where}.role", f"{where}.role: must be 'user' or 'assistant'")
+    if not chat:
+        raise invalid("messages", "messages: none holds a block a model reads (thinking blocks are left out)")
     return chat
 
 

@@ -118,6 +118,7 @@ def test_cache_control_is_dropped_where_no_anthropic_model_can_serve() -> None:
         ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"max_tokens": 1, "messages": []}, "messages"),
         ({"max_tokens": 1, "messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+        ({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "thinking"}]}]}, "messages"),
         ({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
         ({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "thinking": {}}, "thinking"),
         ({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
