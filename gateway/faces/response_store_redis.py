@@ -8,6 +8,7 @@ at once never leave the set and the records out of step.
 
 from __future__ import annotations
 
+import re
 import time
 
 import redis.asyncio as aioredis
@@ -34,6 +35,11 @@ redis.call('PEXPIRE', index, ttl_ms)
 return over
 """
 
+_OWN_ID = re.compile(r"resp_[A-Za-z0-9]+")
+"""The shape of the ids this gateway gives responses (``resp_`` and hex digits). Any other id is never stored, and
+is never made a key: tenant names may hold colons, so ``b:resp_...`` asked for by tenant ``team`` would otherwise
+name tenant ``team:b``'s record, and ``b`` its index."""
+
 _OUTAGE = (RedisError, OSError, RuntimeError)
 """What a Redis call raises while Redis is away (as :mod:`gateway.accounting.quota_redis` counts it)."""
 
@@ -50,6 +56,8 @@ class RedisStore:
         return f"{self._prefix}:{tenant}"
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        if not _OWN_ID.fullmatch(response_id):
+            return None
         try:
             data = await self._client.get(f"{self._index(tenant)}:{response_id}")
         except _OUTAGE as exc:
@@ -66,6 +74,8 @@ class RedisStore:
             raise StoreUnavailable(str(exc)) from None
 
     async def delete(self, tenant: str, response_id: str) -> bool:
+        if not _OWN_ID.fullmatch(response_id):
+            return False
         index = self._index(tenant)
         try:
             async with self._client.pipeline(transaction=True) as pipe:
