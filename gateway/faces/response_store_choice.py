@@ -1,6 +1,7 @@
-"""Which store a gateway's stored responses live in: Redis when ``state.redis_url`` is set, else this process's
-memory. Read per call, so a config change that adds Redis (or moves it) applies to the next request; the face and
-the ``GET``/``DELETE`` routes of one gateway share the same store (:func:`stores_for`)."""
+"""Which store a gateway's stored responses live in: Redis when ``state.redis_url`` is set, else a file in the data
+directory (:mod:`.response_store_file`). Read per call, so a config change that adds Redis (or moves it) applies to
+the next request; the face and the ``GET``/``DELETE`` routes of one gateway share the same store
+(:func:`stores_for`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import weakref
 
 from spillgate.gateway.accounting import make_client
 from spillgate.gateway.control.secrets import resolve_secret
-from spillgate.gateway.faces.response_store import MemoryStore, ResponseStore
+from spillgate.gateway.faces.response_store import ResponseStore
+from spillgate.gateway.faces.response_store_file import FileStore
 from spillgate.gateway.faces.response_store_redis import RedisStore
 from spillgate.gateway.state import GatewayState
 
@@ -18,13 +20,13 @@ class ResponseStores:
 
     def __init__(self, state: GatewayState) -> None:
         self._state = state
-        self._memory = MemoryStore()
+        self._file = FileStore(state.data_dir)
         self._redis: dict[tuple[str, str], RedisStore] = {}
 
     def current(self) -> ResponseStore:
         settings = self._state.config.state
         if not settings.redis_url:
-            return self._memory
+            return self._file
         key = (settings.redis_url, settings.key_prefix)
         store = self._redis.get(key)
         if store is None:
