@@ -1,4 +1,4 @@
-"""Spillgate ``cache_aware`` against sglang-router 0.3.2 ``cache_aware``, in front of two real SGLang replicas.
+"""Spillgate ``cache_aware`` against sglang-router 0.3.2 and smg ``cache_aware``, in front of two real SGLang replicas.
 
 Both routers get the same two SGLang 0.5.23 servers (the real-engine tier's, on this machine's CPU, serving the
 tiny random model), with a KV pool small enough that the trace evicts, and the same slice of the Mooncake trace
@@ -8,7 +8,14 @@ says nothing about GPU latency: these figures compare the two routers on real en
 
     python -m tests.bench.real_routers --trace ../shared/traces/mooncake/synthetic_trace.jsonl --repeat 3
 
-Needs ``make engines`` (SGLang's venv and the model); sglang-router is installed into a venv of its own.
+Rows (``--rows``): ``spillgate`` (its defaults: prefix blocks of characters, so its belief: events name token
+ids, which only a config with the model's tokenizer can match), ``spillgate-events`` and ``spillgate-belief``
+(prefix blocks of the served model's tokens, ``PREFIX_BLOCK_TOKENS``; on the replicas' KV events, or with the
+pool's ``kv_events`` off: only the source differs), ``sglang-router`` and ``smg`` (Shepherd Model Gateway's
+``cache_aware`` over HTTP workers). Every replica publishes its KV events (ZMQ, bound, with a replay socket), which
+the peers ignore.
+
+Needs ``make engines`` (SGLang's venv and the model); sglang-router and smg are installed into venvs of their own.
 """
 
 from __future__ import annotations
@@ -28,12 +35,16 @@ import httpx
 import yaml
 
 from tests.bench import router_env
-from tests.engines.install import ensure
+from tests.engines.install import Installed, ensure
 from tests.engines.servers import RECOMMENDED, SERVED_MODEL, start_engine
 from tests.support.procs import REPO_ROOT, RunningProcess, free_port, start_process
 
 API_KEY = "sk-spillgate-real-bench"
 ROUTE = "bench"
+ROWS = ("spillgate", "spillgate-events", "spillgate-belief", "sglang-router", "smg")
+PEERS = ("sglang-router", "smg")
+PREFIX_BLOCK_TOKENS = 16
+"""The events and belief rows' prefix block, in the tiny model's tokens (SGLang's page is one token)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class Settings:
     pool: dict[str, Any]
     """More settings for spillgate's pool (``max_waiting_prefill_tokens``, ...), as the config takes them."""
     routers: tuple[str, ...] = ("spillgate", "sglang-router")
+    """Which rows, of ``ROWS``."""
 
 
 def trace_slice(settings: Settings, work: Path) -> Path:
@@ -61,9 +73,29 @@ def trace_slice(settings: Settings, work: Path) -> Path:
     return path
 
 
-def start_spillgate(replicas: list[RunningProcess], log_dir: Path, pool: dict[str, Any]) -> tuple[RunningProcess, str]:
-    port = free_port()
+def spillgate_settings(row: str, model: Path, pool: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pool's settings, the config's ``prefix``) of a spillgate row."""
+    if row == "spillgate":
+        return pool, {}
+    prefix = {"tokenizer": str(model), "block_tokens": PREFIX_BLOCK_TOKENS}
+    return ({**pool, "kv_events": {"enabled": False}} if row == "spillgate-belief" else pool), prefix
+
+
+def publisher_flags() -> tuple[str, ...]:
+    """``--kv-events-config`` for a replica that publishes its KV events on fresh loopback ports, with a replay
+    socket, bound as SGLang binds them (the gateway learns the endpoints from ``/server_info``)."""
     config = {
+        "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "topic": "kv", "bind": True,
+        "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+    }  # fmt: skip
+    return ("--kv-events-config", json.dumps(config))
+
+
+def start_spillgate(
+    replicas: list[RunningProcess], log_dir: Path, pool: dict[str, Any], prefix: dict[str, Any] | None = None
+) -> tuple[RunningProcess, str]:
+    port = free_port()
+    config: dict[str, Any] = {
         "pools": [
             {
                 "name": "sglang",
@@ -80,6 +112,8 @@ def start_spillgate(replicas: list[RunningProcess], log_dir: Path, pool: dict[st
         "limits": {"max_connections_per_client": 0},  # the load generator is one address with many connections
         "state": {"data_dir": str(log_dir / f"spillgate-{port}")},
     }
+    if prefix:
+        config["prefix"] = prefix
     path = log_dir / f"spillgate-{port}.yaml"
     path.write_text(yaml.safe_dump(config))
     command = [sys.executable, "-m", "spillgate.gateway.cli", "serve", "--config", str(path), "--port", str(port)]
@@ -96,7 +130,62 @@ def start_router(python: str, replicas: list[RunningProcess], log_dir: Path) -> 
         "--prometheus-port", str(free_port()),
     ]  # fmt: skip
     proc = start_process(command, port=port, log_dir=log_dir, ready_path="/health", timeout=120, name="router")
+    wait_routing(proc)
     return proc, SERVED_MODEL
+
+
+def start_smg(binary: str, replicas: list[RunningProcess], log_dir: Path) -> tuple[RunningProcess, str]:
+    """Shepherd Model Gateway over the replicas as HTTP workers, its defaults but the policy."""
+    port = free_port()
+    command = [
+        binary, "launch", "--worker-urls", *[r.url for r in replicas], "--policy", "cache_aware",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(free_port()),
+    ]  # fmt: skip
+    proc = start_process(command, port=port, log_dir=log_dir, ready_path="/health", timeout=120, name="smg")
+    wait_routing(proc)
+    return proc, SERVED_MODEL
+
+
+def wait_routing(proc: RunningProcess, timeout_s: float = 120.0) -> None:
+    """Until a chat completion through ``proc`` answers 200: a router's ``/health`` may answer before its workers
+    are registered (smg's does), and a request sent meanwhile is a 404."""
+    body = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    deadline = time.monotonic() + timeout_s
+    while httpx.post(proc.url + "/v1/chat/completions", json=body, timeout=60).status_code != 200:
+        if time.monotonic() > deadline:
+            proc.stop()
+            raise RuntimeError(f"{proc.url} did not route a chat completion in {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def start_row(
+    row: str,
+    installed: Installed,
+    peers: dict[str, str],
+    replicas: list[RunningProcess],
+    work: Path,
+    settings: Settings,
+) -> tuple[RunningProcess, str]:
+    """The router of ``row`` in front of ``replicas``, and the model name its clients send."""
+    if row == "sglang-router":
+        return start_router(peers[row], replicas, work)
+    if row == "smg":
+        return start_smg(peers[row], replicas, work)
+    pool, prefix = spillgate_settings(row, installed.model, settings.pool)
+    return start_spillgate(replicas, work, pool, prefix)
+
+
+def peer_binaries(rows: tuple[str, ...]) -> dict[str, str]:
+    """The Python that runs sglang-router and the smg executable, for the rows that need them."""
+    found: dict[str, str] = {}
+    for row, locate in (("sglang-router", router_env.router_python), ("smg", router_env.smg_binary)):
+        if row in rows:
+            path, note = locate()
+            if path is None:
+                raise SystemExit(f"{row} unavailable: {note}")
+            found[row] = path
+    return found
 
 
 def flush(replicas: list[RunningProcess]) -> None:
@@ -122,27 +211,25 @@ def bench(url: str, model: str, trace: Path, settings: Settings, out: Path) -> d
 
 def run(settings: Settings) -> list[dict[str, Any]]:
     installed = ensure(("sglang",))
-    python, note = router_env.router_python() if "sglang-router" in settings.routers else ("", "")
-    if python is None:
-        raise SystemExit(f"sglang-router unavailable: {note}")
+    peers = peer_binaries(settings.routers)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="spillgate-real-routers-") as tmp:
         work = Path(tmp)
         trace = trace_slice(settings, work)
         flags = (*RECOMMENDED["sglang"],)
-        replicas = [start_engine(installed, "sglang", work, *flags, kv_tokens=settings.kv_tokens) for _ in range(2)]
+        replicas = [
+            start_engine(installed, "sglang", work, *flags, *publisher_flags(), kv_tokens=settings.kv_tokens)
+            for _ in range(2)
+        ]
         try:
             for index in range(settings.repeat):
                 order = list(settings.routers) if index % 2 == 0 else list(reversed(settings.routers))
                 for router in order:
                     flush(replicas)
-                    if router == "spillgate":
-                        proc, model = start_spillgate(replicas, work, settings.pool)
-                    else:
-                        proc, model = start_router(python, replicas, work)
+                    proc, model = start_row(router, installed, peers, replicas, work, settings)
                     try:
                         level = bench(proc.url, model, trace, settings, work / f"{router}-{index}.json")
-                        held = gateway_holds(proc) if router == "spillgate" else {}
+                        held = {**gateway_holds(proc), **index_sources(proc)} if router.startswith("spillgate") else {}
                     finally:
                         proc.stop()
                     rows.append({"router": router, "repeat": index, **summary(level), **held})
@@ -167,6 +254,12 @@ def gateway_holds(proc: RunningProcess) -> dict[str, float]:
     return totals
 
 
+def index_sources(proc: RunningProcess) -> dict[str, Any]:
+    """Where spillgate's prediction for each replica came from at the run's end (``events`` or ``belief``)."""
+    backends = httpx.get(proc.url + "/health", timeout=30).json()["backends"]
+    return {"sources": {name: b["prefix"].get("source") for name, b in backends.items() if "prefix" in b}}
+
+
 def summary(level: dict[str, Any]) -> dict[str, Any]:
     return {
         "completed": level["requests"]["completed"],
@@ -188,7 +281,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| router | runs | requests ok / failed | hit rate | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for router in ("spillgate", "sglang-router"):
+    for router in ROWS:
         mine = [r for r in rows if r["router"] == router]
         if not mine:
             continue
@@ -201,7 +294,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ok = sum(r["completed"] for r in mine)
         failed = sum(r["failed"] for r in mine)
         lines.append(
-            f"| {router} cache_aware | {len(mine)} | {ok} / {failed} | {spread('hit_rate', 100, 1)}% | "
+            f"| {router} | {len(mine)} | {ok} / {failed} | {spread('hit_rate', 100, 1)}% | "
             f"{spread('ttft_p50_ms')} | {spread('ttft_p99_ms')} | {spread('tpot_p50_ms', digits=1)} | "
             f"{spread('tpot_p99_ms', digits=1)} |"
         )
@@ -220,11 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="write every run's figures here (JSON)")
     parser.add_argument("--pool", type=json.loads, default={}, help="more pool settings for spillgate, as JSON")
+    parser.add_argument("--rows", default="spillgate,sglang-router", help=f"which, of {','.join(ROWS)}")
     parser.add_argument("--skip-router", action="store_true", help="spillgate's rows only")
     args = parser.parse_args(argv)
+    chosen = tuple(row for row in args.rows.split(",") if row and not (args.skip_router and row in PEERS))
+    unknown = sorted(set(chosen) - set(ROWS))
+    if unknown or not chosen:
+        parser.error(f"--rows: {', '.join(unknown) or 'none'}: choose among {', '.join(ROWS)}")
     settings = Settings(
         args.trace, args.records, args.start, args.block_tokens, args.max_output, args.speedup, args.kv_tokens,
-        args.repeat, args.out, args.pool, ("spillgate",) if args.skip_router else ("spillgate", "sglang-router"),
+        args.repeat, args.out, args.pool, chosen,
     )  # fmt: skip
     rows = run(settings)
     if settings.out is not None:
