@@ -153,7 +153,7 @@ class Ledger:
         if journaled or unfinished:
             # A killed process's last entries (those already committed are ignored), then its requests that
             # never ended, at their worst case: one whose real entry is in the ledger by now is ignored too.
-            with _transaction(db):
+            with write_transaction(db):
                 db.executemany(_INSERT, journaled)
                 before = db.total_changes
                 db.executemany(_INSERT, unfinished)
@@ -259,7 +259,7 @@ class Ledger:
         """Delete up to a chunk of the entries older than ``before``: how many went, how many of them unshipped."""
         with self._db_lock:
             db = self._connection()
-            with _transaction(db):
+            with write_transaction(db):
                 old = db.execute(
                     "SELECT rowid, shipped FROM entries WHERE time < ? LIMIT ?", (before, _PRUNE_CHUNK)
                 ).fetchall()
@@ -269,7 +269,7 @@ class Ledger:
     def _insert(self, rows: Sequence[Row]) -> None:
         with self._db_lock:
             db = self._connection()
-            with _transaction(db):
+            with write_transaction(db):
                 db.executemany(_INSERT, rows)
 
     # The outbox --------------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class Ledger:
         with self._db_lock:
             db = self._connection()
             before = db.total_changes
-            with _transaction(db):
+            with write_transaction(db):
                 db.executemany(
                     "UPDATE entries SET shipped = 1, hold_id = '' WHERE entry_id = ? AND shipped = 0",
                     [(i,) for i in entry_ids],
@@ -345,7 +345,7 @@ def _migrate(db: sqlite3.Connection) -> None:
     """Create the table, add the columns an older gateway's file lacks, then the indexes (some over those
     columns). In one transaction: processes sharing a ``data_dir`` may open the file at once."""
     db.execute(f"PRAGMA busy_timeout={_MIGRATION_WAIT_MS}")  # another process may be indexing a large file
-    with _transaction(db):
+    with write_transaction(db):
         db.execute(_TABLE)
         present = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
         for column, statement in _ADDED_COLUMNS.items():
@@ -371,7 +371,8 @@ def _killed_row(record: list[object]) -> Row:
 
 
 @contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+def write_transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One SQLite write transaction on a connection in autocommit mode, taking the write lock at its start."""
     db.execute("BEGIN IMMEDIATE")
     try:
         yield

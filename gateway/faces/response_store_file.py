@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spillgate.gateway.accounting.ledger import write_transaction
 from spillgate.gateway.faces.response_store import StoredResponse, StoreUnavailable
 
 FILE_NAME = "responses.sqlite3"
@@ -55,12 +56,6 @@ class FileStore:
     async def delete(self, tenant: str, response_id: str) -> bool:
         return await self._run(self._delete, tenant, response_id)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
     async def _run(self, call: Any, *args: Any) -> Any:
         try:
             return await asyncio.to_thread(self._locked, call, *args)
@@ -98,8 +93,7 @@ class FileStore:
 
     def _put(self, db: sqlite3.Connection, tenant: str, record: StoredResponse, ttl_s: float, limit: int) -> None:
         now = self._clock()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with write_transaction(db):
             db.execute(
                 "INSERT OR REPLACE INTO responses (tenant, id, stored_at, expires_at, record) VALUES (?, ?, ?, ?, ?)",
                 (tenant, record.response["id"], now, now + ttl_s, record.dumps()),
@@ -112,10 +106,6 @@ class FileStore:
                     "(SELECT rowid FROM responses WHERE tenant = ? ORDER BY stored_at, rowid LIMIT ?)",
                     (tenant, count - limit),
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _delete(self, db: sqlite3.Connection, tenant: str, response_id: str) -> bool:
         cursor = db.execute(
