@@ -18,6 +18,8 @@ from spillgate.backends.sim.request import SimRequest
 from spillgate.backends.sim.scheduler import SchedulerStats
 
 LABELS = ("model_name", "engine")
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""The ``finished_reason`` values vLLM counts successes under, each shown from start."""
 _CACHE_CONFIG = {
     "_block_size_resolved": "True",
     "cache_dtype": "auto",
@@ -95,11 +97,16 @@ class VllmMetrics:
         }
         self.registry.register(_EngineGauges(stats, values, cache_info))
 
+        # vLLM creates each labelled child at start, so an idle replica already shows its counters at 0.
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, LABELS, registry=self.registry)
+            metric = Counter(name, doc, LABELS, registry=self.registry)
+            metric.labels(*values)
+            return metric
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+            metric = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+            metric.labels(*values)
+            return metric
 
         self._queries = counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
@@ -112,6 +119,8 @@ class VllmMetrics:
             "vllm:request_success", "Count of successfully processed requests.", [*LABELS, "finished_reason"],
             registry=self.registry,
         )  # fmt: skip
+        for reason in FINISHED_REASONS:
+            self._success.labels(*values, reason)
         self._ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                TTFT_BUCKETS)  # fmt: skip
         self._itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",

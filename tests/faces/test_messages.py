@@ -306,7 +306,7 @@ def test_cache_reads_are_reported_and_priced_as_anthropic_bills_them(
     again, request_id = cached_call(client, system)
     read = again.usage.cache_read_input_tokens
     assert read is not None and read >= 256 and again.usage.cache_creation_input_tokens == 0
-    assert 0 < again.usage.input_tokens < 128  # what is left past the last full cache block
+    assert read % 128 == 0 and 0 <= again.usage.input_tokens < 128  # what is left past the last full cache block
     row = booked(gateway, request_id)
     assert row["prompt_tokens"] == prompt_tokens(again.usage) and row["cached_tokens"] == read
     expected = again.usage.input_tokens * INPUT + read * CACHED_INPUT + again.usage.output_tokens * OUTPUT
@@ -321,7 +321,7 @@ def test_cache_writes_are_reported_and_priced_as_anthropic_bills_them(
     first, request_id = cached_call(client, system)
     written = first.usage.cache_creation_input_tokens
     assert written is not None and written >= 256 and first.usage.cache_read_input_tokens == 0
-    assert 0 < first.usage.input_tokens < 128
+    assert written % 128 == 0 and 0 <= first.usage.input_tokens < 128  # past the last full block (none if it ends one)
     again, _ = cached_call(client, system)
     assert again.usage.cache_read_input_tokens == written and again.usage.input_tokens == first.usage.input_tokens
     row = booked(gateway, request_id)
