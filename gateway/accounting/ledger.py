@@ -145,7 +145,7 @@ class Ledger:
     def _open(self, now: float) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
+        use_wal(db)
         db.execute("PRAGMA synchronous=FULL")
         _migrate(db)
         journaled = [row for row in map(_journaled_row, self._journal.recover()) if row is not None]
@@ -368,6 +368,25 @@ def _journaled_row(row: list[object]) -> Row | None:
 def _killed_row(record: list[object]) -> Row:
     entry, hold_id = killed_entry(record)
     return (*_ROW_FIELDS(entry), hold_id, 0)
+
+
+def use_wal(db: sqlite3.Connection, wait_s: float = 10.0) -> None:
+    """Put the database in WAL mode, waiting for other processes opening it at the same moment.
+
+    Two gateway workers starting together both read a new file and then each needs it alone to switch it: SQLite
+    answers one of them "database is locked" at once, without its busy handler (waiting there could deadlock).
+    That one tries again, shortly, until the other has switched it."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spillgate.gateway.accounting.ledger import write_transaction
+from spillgate.gateway.accounting.ledger import use_wal, write_transaction
 from spillgate.gateway.faces.response_store import StoredResponse, StoreUnavailable
 
 FILE_NAME = "responses.sqlite3"
@@ -75,7 +75,7 @@ class FileStore:
             db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
             try:
                 db.execute("PRAGMA busy_timeout=5000")  # another gateway process may share the directory
-                db.execute("PRAGMA journal_mode=WAL")
+                use_wal(db)
                 db.execute("PRAGMA synchronous=NORMAL")  # a killed process loses nothing committed
                 db.executescript(_SCHEMA)
             except BaseException:

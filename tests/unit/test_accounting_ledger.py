@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import sqlite3
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spillgate.gateway.accounting import Accountant, LedgerEntry, QuotaExceeded, TenantLimits
+from spillgate.gateway.accounting.ledger import Ledger
 from spillgate.gateway.accounting.records import BackendKind
 
 NOON = datetime(2025, 3, 14, 12, 0, tzinfo=UTC).timestamp()
@@ -179,3 +182,36 @@ async def test_a_gateway_that_never_restarts_still_prunes_past_retention(tmp_pat
             await asyncio.sleep(0.02)
     finally:
         await accountant.stop()
+
+
+def _open_ledger_at_once(path: Path, barrier: Any, results: Any) -> None:
+    """One gateway worker's start: open the shared ledger file, then stop."""
+    barrier.wait()
+    try:
+        ledger = Ledger(path)
+        asyncio.run(ledger.start(NOON))
+        asyncio.run(ledger.stop())
+        results.put("ok")
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+
+
+def test_workers_opening_a_new_ledger_file_at_once_all_start(tmp_path: Path) -> None:
+    """Workers starting together race to switch a new file to WAL; SQLite refuses one of them at once, without
+    waiting, so without a retry some of them failed to start (about one in six such races here)."""
+    context = multiprocessing.get_context("fork")
+    for attempt in range(12):
+        path = tmp_path / f"race-{attempt}" / "ledger.sqlite3"
+        barrier, results = context.Barrier(4), context.Queue()
+        workers = [context.Process(target=_open_ledger_at_once, args=(path, barrier, results)) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        outcomes = [results.get(timeout=60) for _ in workers]
+        for worker in workers:
+            worker.join(timeout=60)
+        assert outcomes == ["ok"] * 4, outcomes
+        db = sqlite3.connect(path)
+        try:
+            assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        finally:
+            db.close()
