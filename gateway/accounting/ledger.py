@@ -20,10 +20,12 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
+
+from spillgate.gateway.sqlite_files import BUSY_WAIT_MS, open_shared, write_transaction
 
 from .failures import FailureRow, read_failures
 from .idle_worker import IdleWorker
@@ -75,7 +77,6 @@ _INSERT = (
     f"INSERT OR IGNORE INTO entries ({', '.join(_COLUMNS)}, hold_id, shipped) "
     f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})"
 )
-_BUSY_WAIT_MS = 5000
 _MIGRATION_WAIT_MS = 120_000
 """Indexing a ledger of millions of rows, at the first start after an upgrade, takes a while."""
 _RETRY_S = 1.0
@@ -144,9 +145,7 @@ class Ledger:
 
     def _open(self, now: float) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        use_wal(db)
-        db.execute("PRAGMA synchronous=FULL")
+        db = open_shared(self.path, synchronous="FULL")
         _migrate(db)
         journaled = [row for row in map(_journaled_row, self._journal.recover()) if row is not None]
         unfinished = [_killed_row(record) for record in self._inflight.recover() if is_dispatch(record)]
@@ -353,7 +352,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 db.execute(statement)
                 log.info("ledger: added the column %r to a ledger file written by an older gateway", column)
     db.executescript(_INDEXES)
-    db.execute(f"PRAGMA busy_timeout={_BUSY_WAIT_MS}")
+    db.execute(f"PRAGMA busy_timeout={BUSY_WAIT_MS}")
 
 
 def _journaled_row(row: list[object]) -> Row | None:
@@ -368,34 +367,3 @@ def _journaled_row(row: list[object]) -> Row | None:
 def _killed_row(record: list[object]) -> Row:
     entry, hold_id = killed_entry(record)
     return (*_ROW_FIELDS(entry), hold_id, 0)
-
-
-def use_wal(db: sqlite3.Connection, wait_s: float = 10.0) -> None:
-    """Put the database in WAL mode, waiting for other processes opening it at the same moment.
-
-    Two gateway workers starting together both read a new file and then each needs it alone to switch it: SQLite
-    answers one of them "database is locked" at once, without its busy handler (waiting there could deadlock).
-    That one tries again, shortly, until the other has switched it."""
-    deadline = time.monotonic() + wait_s
-    pause = 0.005
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() >= deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
-
-
-@contextlib.contextmanager
-def write_transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """One SQLite write transaction on a connection in autocommit mode, taking the write lock at its start."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spillgate.gateway.accounting.ledger import use_wal, write_transaction
 from spillgate.gateway.faces.response_store import StoredResponse, StoreUnavailable
+from spillgate.gateway.sqlite_files import open_shared, write_transaction
 
 FILE_NAME = "responses.sqlite3"
 
@@ -72,11 +72,8 @@ class FileStore:
             # Conversations are the tenants' own words: readable by the gateway's user only (SQLite gives its
             # journal files the database file's mode).
             os.close(os.open(self._path, os.O_WRONLY | os.O_CREAT, 0o600))
-            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
+            db = open_shared(self._path, synchronous="NORMAL")  # a killed process loses nothing committed
             try:
-                db.execute("PRAGMA busy_timeout=5000")  # another gateway process may share the directory
-                use_wal(db)
-                db.execute("PRAGMA synchronous=NORMAL")  # a killed process loses nothing committed
                 db.executescript(_SCHEMA)
             except BaseException:
                 db.close()
