@@ -18,9 +18,8 @@ import pytest
 from tests.engines.install import installed_already
 from tests.engines.servers import RECOMMENDED, SERVED_MODEL, start_engine
 from tests.gateway.test_kv_events import conversation
-from tests.gateway.test_kv_events_dp import free_ports
 from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway
-from tests.support.procs import RunningProcess
+from tests.support.procs import RunningProcess, free_ports
 
 pytestmark = [
     pytest.mark.engines,

@@ -6,7 +6,6 @@ on the rank it sends it to, and keeps each rank's record whole through a lost ba
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,23 +21,10 @@ import zmq
 from spillgate.backends.sim.prompt_encoder import SimulatedPromptIds
 from tests.gateway.test_kv_events import conversation
 from tests.support.gateway import TENANT_KEY, gateway_config, replica_name, start_gateway, start_replica
-from tests.support.procs import RunningProcess, free_port
+from tests.support.procs import RunningProcess, free_ports
 
 BLOCK = 64
 RANKS = 2
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive free ports: rank r publishes on the base + r."""
-    while True:
-        base = free_port()
-        try:
-            for port in range(base + 1, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
 
 
 @dataclass

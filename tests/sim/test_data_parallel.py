@@ -11,7 +11,7 @@ import pytest
 
 from tests.sim.conftest import StartReplica
 from tests.sim.test_kv_events import Subscriber, sglang_config, sync_by_flush
-from tests.support.procs import RunningProcess, free_port
+from tests.support.procs import RunningProcess, free_ports
 
 PROMPT = " ".join(f"word{i}" for i in range(200))
 
@@ -33,9 +33,8 @@ def requests_per_rank(sim: RunningProcess) -> list[int]:
 
 @pytest.fixture(scope="module")
 def two_ranks(start_sim: StartReplica) -> tuple[RunningProcess, int]:
-    port = free_port()
-    free_port()  # rank 1's, taken by the simulator itself
-    config = sglang_config(port, replay_endpoint=f"tcp://127.0.0.1:{free_port()}")
+    port = free_ports(2)  # rank r publishes on port + r
+    config = sglang_config(port, replay_endpoint=f"tcp://127.0.0.1:{free_ports(2)}")
     sim = start_sim("sim-replica", "--time-scale", "0.02", "--dp-size", "2", "--kv-events-config", config)
     return sim, port
 
@@ -49,7 +48,7 @@ def test_server_info_counts_the_ranks_and_their_publishers(two_ranks: tuple[Runn
 
 
 def test_vllms_face_lists_each_ranks_publisher(start_sim: StartReplica) -> None:
-    port, replay = free_port(), free_port()
+    port, replay = free_ports(3), free_ports(3)
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}"}
     sim = start_sim(
         "sim-replica", "--engine", "vllm", "--data-parallel-size", "3", "--kv-events-config", json.dumps(config)

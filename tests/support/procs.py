@@ -24,6 +24,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free ports: a data-parallel engine binds rank r at base + r."""
+    while True:
+        base = free_port()
+        try:
+            for port in range(base + 1, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+
+
 @dataclass
 class RunningProcess:
     """A child process serving HTTP on ``url``; stop it with :meth:`stop`."""
