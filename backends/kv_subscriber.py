@@ -294,7 +294,8 @@ class KvSubscriber:
         """Apply replayed batches, skipping those before the last that clears the cache (SGLang's ``flush_cache``,
         vLLM's ``reset_prefix_cache``): nothing before it is held any more. A replica that has served a while keeps
         thousands of batches, at page size 1 a few milliseconds each to apply; the engine's first batch is still
-        applied, since it shows the record complete. Requests are served between two batches."""
+        applied, since it shows the record complete. A replay cut short arrives in rounds, each skipping on its own.
+        Requests are served between two batches."""
         skip_to = _last_clear(batches)
         for index, (seq, payload) in enumerate(batches):
             if index < skip_to and seq != 0:
