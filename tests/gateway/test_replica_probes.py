@@ -126,7 +126,8 @@ async def test_a_request_of_ours_that_ends_during_a_scrape_is_not_other_clients_
     backend = Backend("pool-0", "replica", replica.url, "sim-model")
     registry = BackendRegistry([backend], interval_s=3600, timeout_s=5, unhealthy_after=1)
     await registry.start()
-    request = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000}
+    # Long enough to outlast a loaded machine's pauses (4,000 tokens took under a second of wall time here).
+    request = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000}
     try:
         async with (
             httpx.AsyncClient() as client,
