@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.bench.compare_routers import Replay, Run, _route_settings, by_session
 from tests.bench.compare_table import RunFigures, figures
 from tests.bench.ideal_placement import IdealRequest, ideal_ttfts, replayed_ttfts, sticky_ttfts
 from tests.bench.loadgen import percentile_ms
+from tests.bench.miss_breakdown import breakdown, miss_class, row_of
 from tests.bench.report import GOALS, goals_met
 from tests.bench.workload import Workload
 from tests.bench.wrk import parse_wrk
@@ -249,3 +251,18 @@ def test_route_settings_from_the_command_line_reach_spillgates_route() -> None:
         _route_settings("[1, 2]")
     with pytest.raises(ValueError, match="not YAML"):
         _route_settings("{affinity: [")
+
+
+def _decision(cached: int, chosen: str, **predicted: int) -> dict:
+    backends = [{"name": name, "prefix_tokens": tokens} for name, tokens in predicted.items()]
+    return {"prompt_tokens": 1_000, "cached_tokens": cached, "chosen": chosen, "backends": backends}
+
+
+def test_a_miss_is_classed_by_what_the_decision_saw() -> None:
+    assert miss_class(_decision(900, "a", a=900, b=0)) is None
+    assert miss_class(_decision(0, "a", a=100, b=200)) == "cold"
+    assert miss_class(_decision(0, "b", a=900, b=0)) == "moved"
+    assert miss_class(_decision(100, "a", a=900, b=0)) == "lost"
+    requests, share, misses = breakdown([_decision(900, "a", a=900), _decision(0, "a", a=900)])
+    assert (requests, share, dict(misses)) == (2, 0.45, {"lost": 1})
+    assert row_of(Path("events-p2-gsp-zipf-seed3-gateway.jsonl")) == "events-p2-gsp-zipf"
