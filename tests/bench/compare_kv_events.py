@@ -22,6 +22,7 @@ routing time) that were exactly what the replica then reported, from ``/health``
     .venv/bin/python -m tests.bench.compare_kv_events [--workloads gsp,gsp-zipf,chat,trace:PATH] [--repeat 8]
         [--repeat-for gsp=2,trace=2] [--gateways 1,2] [--repeat-processes 4] [--rows events,belief,sglang-router,smg]
         [--kv-fraction 0.5 | --kv-tokens N] [--trace-start -300] [--trace-block-tokens 64] [--json FILE]
+        [--route '{affinity: {max_slowdown: 8}}']
 
 Times are simulated seconds (see ``compare_routers``). Every process is stopped by the PID it was started with.
 """
@@ -68,6 +69,7 @@ from tests.bench.compare_routers import (
     _progress,
     _python_path,
     _revision,
+    _route_settings,
     measure,
     pooled,
     session_script,
@@ -628,6 +630,7 @@ def build_plan(args: argparse.Namespace, work_dir: Path) -> Plan:
         work_dir=work_dir,
         trace_dir=Path(args.trace_dir) if args.trace_dir else None,
         repeat=args.repeat,
+        route=_route_settings(args.route),
         gateways=max(gateways),
     )
     return Plan(
@@ -740,6 +743,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-speedup", type=float, default=16.0, help="trace:PATH replayed this many times faster")
     parser.add_argument("--trace-dir", metavar="DIR", help="keep per-request data in DIR (see compare_routers)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON to FILE")
+    parser.add_argument(
+        "--route", default=None, help="more settings for spillgate's route, e.g. '{affinity: {max_slowdown: 8}}'"
+    )
     parser.add_argument(
         "--watch", default="sglang|vllm", help="note runs during which processes matching this (pgrep -f) ran"
     )
