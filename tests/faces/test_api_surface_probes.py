@@ -16,14 +16,14 @@ import pytest
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
 from tests.support.redis_server import redis_url
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
 FAST = ("--time-scale", "0.02")
 PREFIX_KEY = "sk-test-team"
 NESTED_KEY = "sk-test-team-nested"
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 
 def sdk(gateway: RunningProcess, key: str) -> openai.OpenAI:

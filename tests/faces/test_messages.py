@@ -16,10 +16,10 @@ import pytest
 from spillgate.backends.hosted.pricing import ANTHROPIC_CACHE_WRITE
 from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, pool_of, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port, start_spillgate
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 PROVIDER_KEY = "sk-provider-secret-4242"
 HELLO = [{"role": "user", "content": "Name three prime numbers."}]

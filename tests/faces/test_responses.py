@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
 FAST = ("--time-scale", "0.02")
 
@@ -40,9 +41,8 @@ def client(served: RunningProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.url + "/v1", api_key=TENANT_KEY, max_retries=0)
 
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 
 def chat_text(client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int, model: str = "chat") -> str:

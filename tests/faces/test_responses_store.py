@@ -14,6 +14,7 @@ import pytest
 from tests.support.gateway import OTHER_KEY, TENANT_KEY, gateway_config, start_gateway, start_replica
 from tests.support.procs import RunningProcess, free_port
 from tests.support.redis_server import redis_url as private_redis
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
 FAST = ("--time-scale", "0.02")
 
@@ -44,9 +45,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
         yield Shared(first, second, redis_stack)
 
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 
 def sdk(gateway: RunningProcess, key: str = TENANT_KEY) -> openai.OpenAI:

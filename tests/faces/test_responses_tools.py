@@ -19,6 +19,7 @@ import pytest
 from tests.faces.responses_tool_replica import ARGUMENTS, TEXT, THOUGHT
 from tests.support.gateway import TENANT_KEY, gateway_config, start_gateway, start_lying_replica
 from tests.support.procs import RunningProcess, free_port, start_process
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
 WEATHER = {
     "type": "function",
@@ -53,9 +54,8 @@ def client(served: RunningProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=served.url + "/v1", api_key=TENANT_KEY, max_retries=0)
 
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 
 def last_received(replica: RunningProcess) -> dict[str, Any]:

@@ -13,13 +13,13 @@ import openai
 import pytest
 
 from tests.support.procs import RunningProcess, free_port, start_spillgate
+from tests.support.sdk_warnings import FAIL_ON_SDK_WARNINGS
 
 ENGINES = ("sglang", "vllm")
 MODEL = "tiny"
 
-# The SDK reads every answer without a warning. Not ResourceWarning: a socket another test left open can be
-# collected while one of these runs, and would fail it.
-pytestmark = pytest.mark.filterwarnings("error", "ignore::ResourceWarning")
+# The SDK reads every answer without a warning.
+pytestmark = FAIL_ON_SDK_WARNINGS
 
 
 @pytest.fixture(scope="module")
