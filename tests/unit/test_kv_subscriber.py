@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from array import array
 from collections.abc import AsyncIterator
@@ -20,12 +19,7 @@ from spillgate.backends.sim.prompt_encoder import SimulatedPromptIds
 from spillgate.cache.fingerprint import cache_seed, token_block_hashes
 from spillgate.cache.kv_events import EventBatch
 from spillgate.gateway.dispatch.prefix import Fingerprint, PrefixTracker
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.support.procs import free_port
 
 
 class Sink:
